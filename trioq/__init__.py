@@ -1,0 +1,46 @@
+"""trioq: a job runtime for trio applications.
+
+Enqueue work, run it on a bounded pool of workers inside your own nursery,
+retry it with backoff, detect hung work, and (with a durable store) survive
+``kill -9``. Everything public is re-exported here; the modules behind it are
+private.
+"""
+
+from ._context import JobContext
+from ._executors import ProcessJobContext
+from ._model import (
+    Backoff,
+    InvalidJob,
+    Job,
+    JobNotFound,
+    JobSpec,
+    JobState,
+    QueueFull,
+    TrioqError,
+    UnknownTask,
+)
+from ._registry import Registry
+from ._runtime import Queue, WaitTimeout, open_queue
+from .stores import MemoryStore, Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backoff",
+    "InvalidJob",
+    "Job",
+    "JobContext",
+    "JobNotFound",
+    "JobSpec",
+    "JobState",
+    "MemoryStore",
+    "ProcessJobContext",
+    "Queue",
+    "QueueFull",
+    "Registry",
+    "Store",
+    "TrioqError",
+    "UnknownTask",
+    "WaitTimeout",
+    "open_queue",
+]

@@ -1,0 +1,97 @@
+"""What a handler sees of its attempt: the job and a way to say it is alive."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._model import Job
+
+if TYPE_CHECKING:
+    from ._registry import TaskDef
+
+__all__ = ["Attempt", "JobContext"]
+
+
+class Attempt:
+    """One run of one job by one worker, and the cancel scope that bounds it.
+
+    The scope's deadline is the earlier of ``started + timeout`` and the last
+    heartbeat plus ``heartbeat_timeout``; :meth:`beat` moves it. Only the trio
+    thread touches this object (thread handlers reach it through
+    :meth:`JobContext.heartbeat`, which hops to trio).
+    """
+
+    __slots__ = ("beats", "ended", "heartbeat_timeout", "job", "scope", "task", "timeout_at", "why_cancelled")
+
+    def __init__(self, job: Job, task: TaskDef, heartbeat_timeout: float | None) -> None:
+        now = trio.current_time()
+        self.job = job
+        self.task = task
+        self.timeout_at = now + task.timeout if task.timeout is not None else math.inf
+        self.heartbeat_timeout = heartbeat_timeout
+        deadline = self.timeout_at
+        if heartbeat_timeout is not None:
+            deadline = min(deadline, now + heartbeat_timeout)
+        self.scope = trio.CancelScope(deadline=deadline)
+        #: Set once the attempt's outcome is decided (by its worker or the watcher).
+        self.ended = False
+        #: Why the scope was cancelled early: "cancelled" by the user, or None.
+        self.why_cancelled: str | None = None
+        self.beats = 0
+
+    def beat(self) -> bool:
+        """Push the heartbeat deadline out; False once the attempt has ended."""
+        if self.ended:
+            return False
+        self.beats += 1
+        if self.heartbeat_timeout is not None:
+            self.scope.deadline = min(self.timeout_at, trio.current_time() + self.heartbeat_timeout)
+        return True
+
+    def deadline_error(self) -> str:
+        """The error text for an attempt stopped by its deadline: timed out, or hung."""
+        if self.timeout_at <= self.scope.deadline:
+            return f"AttemptTimeout: attempt timed out after {self.task.timeout:g}s"
+        return f"AttemptHung: attempt hung: no heartbeat for {self.heartbeat_timeout:g}s"
+
+
+class JobContext:
+    """The first argument of every handler.
+
+    ``ctx.job`` is the :class:`~trioq.Job` as claimed (``ctx.job.attempts`` is
+    the number of earlier attempts; ``ctx.attempt`` is this one's 1-based
+    number). ``ctx.heartbeat()`` tells the queue the attempt is alive, pushing
+    its heartbeat deadline out; it is safe to call from a thread handler and
+    returns ``False`` once the attempt has ended (hung, timed out, cancelled),
+    which a long thread handler can take as its cue to stop.
+    """
+
+    __slots__ = ("_attempt", "_token", "_trio_thread", "job")
+
+    def __init__(self, job: Job, attempt: Attempt) -> None:
+        self.job = job
+        self._attempt = attempt
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's 1-based number."""
+        return self.job.attempts + 1
+
+    def heartbeat(self) -> bool:
+        """Say the attempt is alive; ``False`` if it already ended (stop working then)."""
+        if threading.get_ident() == self._trio_thread:
+            return self._attempt.beat()
+        try:
+            return trio.from_thread.run_sync(self._attempt.beat, trio_token=self._token)
+        except trio.RunFinishedError:
+            # The queue's trio run is over, so this attempt certainly ended.
+            return False
+
+    def __repr__(self) -> str:
+        return f"<JobContext job={self.job.id} task={self.job.task!r} attempt={self.attempt}>"

@@ -1,0 +1,209 @@
+"""How a handler runs: in the worker task, in a thread, or in a process.
+
+An executor does two things for the worker: :meth:`slot` waits for room to run
+(before the attempt's clock starts), and :meth:`call` runs the handler inside
+the attempt's cancel scope, so the scope's deadline stops it:
+
+- ``async``: awaited in the worker task; cancellation is ordinary trio
+  cancellation.
+- ``thread``: ``trio.to_thread.run_sync(..., abandon_on_cancel=True)``. At the
+  deadline the worker stops waiting; a thread that ignores that keeps running,
+  is counted as abandoned until it returns, and its result is discarded.
+- ``process``: ``trio_parallel.run_sync(..., kill_on_cancel=True)``; the
+  deadline kills the process. At most one process per CPU runs at a time; a
+  job waits for a free CPU before its attempt (and its deadline) starts.
+  Heartbeats from the child process go through a small shared-memory board
+  that the worker polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import os
+import struct
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ._context import Attempt, JobContext
+from ._model import Job
+
+__all__ = ["ProcessJobContext", "ProcessRunner", "ThreadRunner", "call_async"]
+
+_COUNTER = struct.Struct("<Q")
+
+
+async def call_async(fn: Callable[..., Any], ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """Await an async handler in the current task."""
+    return await fn(ctx, **payload)
+
+
+class ThreadRunner:
+    """Runs sync handlers in threads and counts the ones it had to abandon.
+
+    Workers bound concurrency already, so threads get their own unbounded
+    limiter rather than trio's default one (40), which would make jobs wait
+    while their deadlines run.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._limiter = trio.CapacityLimiter(math.inf)
+        #: Threads abandoned at their deadline that have not returned yet.
+        self.abandoned_running = 0
+        #: Threads ever abandoned by this runner.
+        self.abandoned_total = 0
+
+    async def call(self, fn: Callable[..., Any], ctx: JobContext, payload: dict[str, Any]) -> Any:
+        finished = False
+        abandoned = False
+
+        def run() -> Any:
+            nonlocal finished
+            try:
+                return fn(ctx, **payload)
+            finally:
+                with self._lock:
+                    finished = True
+                    if abandoned:
+                        self.abandoned_running -= 1
+
+        try:
+            return await trio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=self._limiter)
+        except trio.Cancelled:
+            with self._lock:
+                if not finished:
+                    abandoned = True
+                    self.abandoned_running += 1
+                    self.abandoned_total += 1
+            raise
+
+
+@attrs.frozen
+class ProcessJobContext:
+    """The context a process handler gets: picklable, with a cross-process heartbeat.
+
+    ``heartbeat()`` bumps this attempt's counter on a shared-memory board that
+    the worker in the parent polls; it returns ``True`` (the child cannot know
+    whether the parent still wants the work; the parent kills it if not).
+    """
+
+    job: Job
+    board_path: str | None = None
+    slot: int = 0
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's 1-based number."""
+        return self.job.attempts + 1
+
+    def heartbeat(self) -> bool:
+        if self.board_path is not None:
+            board = _child_boards.get(self.board_path)
+            if board is None:
+                with open(self.board_path, "r+b") as f:
+                    board = _child_boards[self.board_path] = mmap.mmap(f.fileno(), 0)
+            offset = self.slot * _COUNTER.size
+            (count,) = _COUNTER.unpack_from(board, offset)
+            _COUNTER.pack_into(board, offset, count + 1)
+        return True
+
+
+# One mapping per board file per worker process, kept for the process's life.
+_child_boards: dict[str, mmap.mmap] = {}
+
+
+def _invoke(fn: Callable[..., Any], ctx: ProcessJobContext, payload: dict[str, Any]) -> Any:
+    """Runs in the worker process: call the handler with its payload as keywords."""
+    return fn(ctx, **payload)
+
+
+class HeartbeatBoard:
+    """A file of 8-byte counters, one per worker slot, mapped into memory.
+
+    Lives in ``/dev/shm`` where that exists (so it never touches a disk) and
+    is deleted by :meth:`close`.
+    """
+
+    def __init__(self, slots: int) -> None:
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix="trioq-heartbeats-", dir=where)
+        try:
+            os.ftruncate(fd, max(slots, 1) * _COUNTER.size)
+            self._map = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+
+    def read(self, slot: int) -> int:
+        return int(_COUNTER.unpack_from(self._map, slot * _COUNTER.size)[0])
+
+    def close(self) -> None:
+        self._map.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class ProcessRunner:
+    """Runs module-level sync handlers in trio-parallel worker processes."""
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._cpus = trio.CapacityLimiter(os.cpu_count() or 1)
+        self._unbounded = trio.CapacityLimiter(math.inf)
+        self._board: HeartbeatBoard | None = None
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one CPU's worth of process capacity."""
+        async with self._cpus:
+            yield
+
+    async def call(self, fn: Callable[..., Any], attempt: Attempt, slot: int, payload: dict[str, Any]) -> Any:
+        import trio_parallel
+
+        if attempt.heartbeat_timeout is None:
+            pctx = ProcessJobContext(attempt.job)
+            return await trio_parallel.run_sync(
+                _invoke, fn, pctx, payload, kill_on_cancel=True, limiter=self._unbounded
+            )
+        if self._board is None:
+            self._board = HeartbeatBoard(self._slots)
+        board = self._board
+        pctx = ProcessJobContext(attempt.job, board.path, slot)
+        poll_every = max(attempt.heartbeat_timeout / 4, 0.005)
+
+        async def watch_board(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            seen = board.read(slot)
+            task_status.started()
+            while True:
+                await trio.sleep(poll_every)
+                count = board.read(slot)
+                if count != seen:
+                    seen = count
+                    attempt.beat()
+
+        result: Any = None
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(watch_board)
+                result = await trio_parallel.run_sync(
+                    _invoke, fn, pctx, payload, kill_on_cancel=True, limiter=self._unbounded
+                )
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The handler's own error, not a group of one around it.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+        return result
+
+    def close(self) -> None:
+        if self._board is not None:
+            self._board.close()
+            self._board = None

@@ -1,0 +1,229 @@
+"""Task registration: which functions handle which job names, and how."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar, overload
+
+import attrs
+
+from ._model import Backoff, InvalidJob, UnknownTask
+
+__all__ = ["Registry", "TaskDef", "TaskKind"]
+
+TaskKind = Literal["async", "thread", "process"]
+_KINDS = ("async", "thread", "process")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@attrs.frozen
+class TaskDef:
+    """One registered task: its handler and the defaults its jobs get."""
+
+    name: str
+    fn: Callable[..., Any]
+    kind: TaskKind = "async"
+    max_attempts: int = 5
+    backoff: Backoff = Backoff()
+    timeout: float | None = None
+    heartbeat_timeout: float | None = None
+    priority: int = 0
+    # From the handler's signature, for checking payloads at enqueue time.
+    params: frozenset[str] = frozenset()
+    required: frozenset[str] = frozenset()
+    takes_any: bool = True
+
+    def check_payload(self, payload: dict[str, Any]) -> None:
+        """Raise :class:`InvalidJob` unless ``handler(ctx, **payload)`` would bind."""
+        if not self.takes_any:
+            unknown = payload.keys() - self.params
+            if unknown:
+                raise InvalidJob(
+                    f"task {self.name!r} takes no argument(s) {sorted(unknown)}; it takes {sorted(self.params)}",
+                    field="payload",
+                )
+        missing = self.required - payload.keys()
+        if missing:
+            raise InvalidJob(f"task {self.name!r} needs payload field(s) {sorted(missing)}", field="payload")
+
+
+def _optional_positive(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value != value:
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+
+
+def _describe(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
+    """Payload names the handler accepts, those it requires, and whether it takes ``**kw``."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise TypeError(f"task handler {fn.__qualname__} must take the job context as its first argument")
+    names: set[str] = set()
+    required: set[str] = set()
+    takes_any = False
+    for p in params[1:]:
+        if p.kind is p.VAR_KEYWORD:
+            takes_any = True
+        elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.add(p.name)
+            if p.default is p.empty:
+                required.add(p.name)
+        elif p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
+            raise TypeError(
+                f"task handler {fn.__qualname__}: payload fields are passed by name; {p.name!r} is positional-only"
+            )
+    return frozenset(names), frozenset(required), takes_any
+
+
+class Registry:
+    """A set of task handlers, keyed by name.
+
+    Use :meth:`task` as a decorator, bare or with options::
+
+        registry = trioq.Registry()
+
+        @registry.task
+        async def noop(ctx): ...
+
+        @registry.task(name="email.send", max_attempts=3, timeout=30.0)
+        async def send(ctx, to: str) -> dict: ...
+
+    ``kind="async"`` handlers run in the worker task; ``kind="thread"`` handlers
+    are plain functions run in a worker thread; ``kind="process"`` handlers are
+    plain module-level functions run in a worker process (killed when their
+    attempt's deadline passes).
+    """
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskDef] = {}
+
+    @overload
+    def task(self, fn: F, /) -> F: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        kind: TaskKind = "async",
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        kind: TaskKind = "async",
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        priority: int = 0,
+    ) -> F | Callable[[F], F]:
+        """Register a handler; the job name defaults to the function's ``__name__``.
+
+        Raises ``ValueError`` for a duplicate name or a bad option, and
+        ``TypeError`` when the function does not fit its ``kind``.
+        """
+
+        def register(func: F) -> F:
+            self.add(
+                func,
+                name=name,
+                kind=kind,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+                heartbeat_timeout=heartbeat_timeout,
+                priority=priority,
+            )
+            return func
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        kind: TaskKind = "async",
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        priority: int = 0,
+    ) -> TaskDef:
+        """Register ``fn`` (the non-decorator form of :meth:`task`); returns its definition."""
+        task_name = fn.__name__ if name is None else name
+        if not isinstance(task_name, str) or not task_name:
+            raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
+        if task_name in self._tasks:
+            raise ValueError(f"a task named {task_name!r} is already registered; pass name=... to register another")
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        is_async = inspect.iscoroutinefunction(fn)
+        if kind == "async" and not is_async:
+            raise TypeError(f"{fn.__qualname__} is not an async function; register it with kind='thread' or 'process'")
+        if kind != "async" and is_async:
+            raise TypeError(f"{fn.__qualname__} is an async function; kind={kind!r} needs a plain function")
+        if kind == "process" and ("<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"):
+            raise TypeError(f"{fn.__qualname__}: process handlers must be module-level functions (they are pickled)")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        _optional_positive("timeout", timeout)
+        _optional_positive("heartbeat_timeout", heartbeat_timeout)
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"backoff must be a trioq.Backoff, got {backoff!r}")
+        params, required, takes_any = _describe(fn)
+        definition = TaskDef(
+            name=task_name,
+            fn=fn,
+            kind=kind,
+            max_attempts=max_attempts,
+            backoff=backoff if backoff is not None else Backoff(),
+            timeout=timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            priority=priority,
+            params=params,
+            required=required,
+            takes_any=takes_any,
+        )
+        self._tasks[task_name] = definition
+        return definition
+
+    def include(self, other: Registry) -> None:
+        """Add every task of ``other``; a name registered in both raises ``ValueError``."""
+        clash = self._tasks.keys() & other._tasks.keys()
+        if clash:
+            raise ValueError(f"task name(s) {sorted(clash)} are registered in both registries")
+        self._tasks.update(other._tasks)
+
+    def __getitem__(self, name: str) -> TaskDef:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tasks)) or "none"
+            raise UnknownTask(f"no task named {name!r} is registered (known: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)

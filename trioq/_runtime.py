@@ -1,0 +1,345 @@
+"""``open_queue`` and the :class:`Queue` it yields.
+
+The queue's nursery owns the worker pool (with its health watcher), the timer
+that promotes scheduled jobs, and maintenance (eviction of old terminal jobs).
+The queue talks to its store only through the async Store protocol.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from ._model import InvalidJob, Job, JobSpec, TrioqError, check_json
+from ._registry import Registry
+from ._worker import Totals, WorkerPool
+from .stores._base import NewJob, Store, StoreConfig
+from .stores.memory import MemoryStore
+
+__all__ = ["Queue", "WaitTimeout", "open_queue"]
+
+# Scheduled jobs are promoted this long after their run_at: wall-clock run_at
+# converted to trio time and back can round a hair early, and promoting a job
+# "almost due" would spin the timer under an autojump clock.
+_TIMER_SLACK = 1e-5
+
+
+class WaitTimeout(TrioqError, TimeoutError):
+    """:meth:`Queue.wait` gave up before the job reached a terminal state."""
+
+
+def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
+        raise InvalidJob(f"{name} must be a finite number >= {minimum:g}, got {value!r}", field=name)
+    return float(value)
+
+
+def _optional_int(name: str, value: Any, *, minimum: int | None = None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise InvalidJob(f"{name} must be an integer{bound}, got {value!r}", field=name)
+    return value
+
+
+class Queue:
+    """A running job queue. Get one from :func:`open_queue`; do not construct it."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        store: Store,
+        *,
+        workers: int,
+        heartbeat_timeout: float | None,
+        max_ready: int | None,
+        retention: float,
+        max_retained: int,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self._max_ready = max_ready
+        self._retention = retention
+        self._offset = time.time() - trio.current_time()
+        self._totals = Totals()
+        self._pool = WorkerPool(
+            registry=registry,
+            store=store,
+            size=workers,
+            heartbeat_timeout=heartbeat_timeout,
+            clock=self._clock,
+            totals=self._totals,
+            on_outcome=self._outcome,
+        )
+        self._config = StoreConfig(
+            clock=self._clock,
+            retention=retention,
+            max_retained=max_retained,
+            on_ready=self._pool.wake,
+            on_scheduled=self._scheduled,
+        )
+        self._waiters: dict[str, trio.Event] = {}
+        self._progress = trio.Event()
+        self._closing = False
+        self._timer_at = math.inf
+        self._timer_scope: trio.CancelScope | None = None
+
+    # ------------------------------------------------------------ producing
+
+    async def enqueue(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        delay: float = 0.0,
+        priority: int | None = None,
+        key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """Add one job; returns its snapshot (``ready``, or ``scheduled`` with a delay).
+
+        ``priority`` and ``max_attempts`` default to the task's. With a ``key``
+        that a retained job already holds, nothing is added and that job is
+        returned. Raises :class:`~trioq.UnknownTask`, :class:`~trioq.InvalidJob`
+        (naming the bad field), or :class:`~trioq.QueueFull` at ``max_ready``.
+        """
+        spec = JobSpec(task, {} if payload is None else payload, delay, priority, key, max_attempts)
+        return (await self.enqueue_many([spec]))[0]
+
+    async def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Add several jobs at once, all or nothing; returns their snapshots in order."""
+        self._check_open()
+        now = self._clock()
+        new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
+        jobs = await self.store.add(new, max_pending=self._max_ready)
+        self._totals.enqueued += len(jobs)
+        return jobs
+
+    def _resolve(self, spec: JobSpec, now: float, index: int | None) -> NewJob:
+        where = "" if index is None else f"jobs[{index}]."
+        if not isinstance(spec, JobSpec):
+            raise InvalidJob(
+                f"{where}expected a trioq.JobSpec, got {type(spec).__name__}", field=where.rstrip(".") or "job"
+            )
+        if not isinstance(spec.task, str):
+            raise InvalidJob(f"{where}task must be a string, got {spec.task!r}", field=f"{where}task")
+        definition = self.registry[spec.task]
+        payload = spec.payload
+        if not isinstance(payload, dict) or not all(isinstance(k, str) for k in payload):
+            raise InvalidJob(
+                f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
+            )
+        if payload:
+            check_json(payload, what=f"{where}payload")
+            definition.check_payload(payload)
+        delay = _number(f"{where}delay", spec.delay)
+        priority = _optional_int(f"{where}priority", spec.priority)
+        max_attempts = _optional_int(f"{where}max_attempts", spec.max_attempts, minimum=1)
+        key = spec.key
+        if key is not None and (not isinstance(key, str) or not key):
+            raise InvalidJob(f"{where}key must be a non-empty string or None, got {key!r}", field=f"{where}key")
+        return NewJob(
+            task=spec.task,
+            payload=payload,
+            priority=definition.priority if priority is None else priority,
+            key=key,
+            max_attempts=definition.max_attempts if max_attempts is None else max_attempts,
+            run_at=now + delay,
+        )
+
+    # ------------------------------------------------------------- querying
+
+    async def get(self, job_id: str) -> Job:
+        """The job's current snapshot; raises :class:`~trioq.JobNotFound`."""
+        return await self.store.get(job_id)
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Return the job once it is terminal (succeeded, dead or cancelled).
+
+        Raises :class:`~trioq.JobNotFound` for an unknown id, and a
+        ``TimeoutError`` (``trioq``'s ``WaitTimeout``) after ``timeout`` seconds.
+        """
+        deadline = math.inf if timeout is None else trio.current_time() + _number("timeout", timeout)
+        while True:
+            job = await self.store.get(job_id)
+            if job.state.terminal:
+                return job
+            event = self._waiters.get(job_id)
+            if event is None:
+                event = self._waiters[job_id] = trio.Event()
+            with trio.move_on_at(deadline):
+                await event.wait()
+                continue
+            raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
+
+    async def join(self) -> None:
+        """Until no job is ready, scheduled or running (returns at once if none is).
+
+        With ``workers=0`` and pending jobs this waits until another queue on the
+        same store drains them.
+        """
+        while True:
+            counts = await self.store.counts()
+            if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
+                return
+            await self._progress.wait()
+
+    async def stats(self) -> dict[str, Any]:
+        """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers``."""
+        counts = await self.store.counts()
+        return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats()}
+
+    # ------------------------------------------------------------- changing
+
+    async def cancel(self, job_id: str) -> Job:
+        """Cancel a job that has not finished; a running attempt is stopped at once.
+
+        Cancelling a terminal job changes nothing and returns it as it is.
+        """
+        outcome = await self.store.cancel(job_id)
+        if outcome.running_epoch is not None:
+            self._pool.cancel_attempt(job_id, outcome.running_epoch)
+        if outcome.changed:
+            self._totals.cancelled += 1
+            self._outcome(outcome.job)
+        return outcome.job
+
+    async def retry(self, job_id: str) -> Job:
+        """Run a dead or cancelled job again from scratch (attempts reset to 0).
+
+        Raises :class:`~trioq.InvalidJob` (field ``state``) for other states.
+        """
+        self._check_open()
+        return await self.store.retry(job_id)
+
+    # ------------------------------------------------------------- internals
+
+    def _clock(self) -> float:
+        return trio.current_time() + self._offset
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise TrioqError("the queue is shutting down; it accepts no new work")
+
+    def _outcome(self, job: Job) -> None:
+        if job.state.terminal:
+            event = self._waiters.pop(job.id, None)
+            if event is not None:
+                event.set()
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _scheduled(self, run_at: float) -> None:
+        at = run_at - self._offset + _TIMER_SLACK
+        if at < self._timer_at:
+            self._timer_at = at
+            if self._timer_scope is not None:
+                self._timer_scope.deadline = at
+
+    async def _timer(self) -> None:
+        while True:
+            self._timer_at = math.inf
+            next_run_at = await self.store.promote()
+            if next_run_at is not None:
+                self._timer_at = min(self._timer_at, next_run_at - self._offset + _TIMER_SLACK)
+            with trio.CancelScope(deadline=self._timer_at) as self._timer_scope:
+                await trio.sleep_forever()
+            self._timer_scope = None
+
+    async def _maintain(self) -> None:
+        every = min(max(self._retention / 4, 0.05), 30.0)
+        while True:
+            await trio.sleep(every)
+            await self.store.evict()
+
+    async def _drain(self, grace: float) -> None:
+        """Stop claiming and give running attempts up to ``grace`` seconds to finish."""
+        self._pool.stop_claiming()
+        with trio.move_on_after(grace):
+            await self._pool.wait_drained()
+
+
+def _collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The single exception inside nested groups of one, or the group itself."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+@asynccontextmanager
+async def open_queue(
+    registry: Registry,
+    *,
+    store: Store | None = None,
+    workers: int = 10,
+    heartbeat_timeout: float | None = None,
+    shutdown_grace: float = 10.0,
+    max_ready: int | None = None,
+    retention: float = 3600.0,
+    max_retained: int = 100_000,
+) -> AsyncIterator[Queue]:
+    """Open a queue on ``store`` (a fresh ``MemoryStore`` if ``None``) with ``workers`` workers.
+
+    Leaving the block normally stops claiming, gives running attempts
+    ``shutdown_grace`` seconds, then cancels them and releases their jobs
+    (not counted as attempts). Leaving it with an exception (or cancelled)
+    skips the grace. ``workers=0`` opens a producer-only queue. Exceptions of
+    the body and trioq's own errors come out as themselves, never wrapped in
+    an ``ExceptionGroup`` of one.
+    """
+    if not isinstance(registry, Registry):
+        raise TypeError(f"open_queue needs a trioq.Registry, got {type(registry).__name__}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+    if heartbeat_timeout is not None and not heartbeat_timeout > 0:
+        raise ValueError(f"heartbeat_timeout must be > 0 seconds or None, got {heartbeat_timeout!r}")
+    if not shutdown_grace >= 0:
+        raise ValueError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace!r}")
+    if max_ready is not None and (isinstance(max_ready, bool) or not isinstance(max_ready, int) or max_ready < 1):
+        raise ValueError(f"max_ready must be an int >= 1 or None, got {max_ready!r}")
+    queue = Queue(
+        registry,
+        MemoryStore() if store is None else store,
+        workers=workers,
+        heartbeat_timeout=heartbeat_timeout,
+        max_ready=max_ready,
+        retention=retention,
+        max_retained=max_retained,
+    )
+    try:
+        async with queue.store.session(queue._config), trio.open_nursery() as nursery:
+            await nursery.start(queue._pool.run)
+            nursery.start_soon(queue._timer)
+            nursery.start_soon(queue._maintain)
+            graceful = False
+            try:
+                yield queue
+                graceful = True
+            finally:
+                try:
+                    queue._closing = True
+                    if graceful:
+                        await queue._drain(shutdown_grace)
+                finally:
+                    queue._pool.cancel()
+                    nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        single = _collapse(group)
+        if single is group:
+            raise
+        # Re-raise the lone exception as itself, keeping its own cause and
+        # context rather than chaining it to the group.
+        cause, context, suppress = single.__cause__, single.__context__, single.__suppress_context__
+        try:
+            raise single
+        finally:
+            single.__cause__, single.__context__, single.__suppress_context__ = cause, context, suppress
+            del single, group

@@ -1,0 +1,396 @@
+"""The job state machine: one pure, synchronous table that every store shares.
+
+Every transition a job can make is a method here: :meth:`JobTable.add`,
+:meth:`~JobTable.claim`, :meth:`~JobTable.succeed`, :meth:`~JobTable.fail`,
+:meth:`~JobTable.release`, :meth:`~JobTable.cancel`, :meth:`~JobTable.retry`,
+:meth:`~JobTable.promote` and :meth:`~JobTable.evict`. ``MemoryStore`` calls them
+directly; ``WALStore`` logs each transition first and replays the log through
+the very same methods, so live operation and recovery cannot drift apart.
+
+Nothing here reads a clock: every method that needs the time takes ``now``
+(wall-clock seconds). Nothing here draws random numbers either: a failing
+job's next ``run_at`` is decided by the caller and passed in, so a replayed log
+reproduces the same table bit for bit.
+
+The table is the single source of truth for *which* transitions are legal:
+completion is epoch-guarded (a stale epoch is refused, returning ``None``), and
+a transition from the wrong state raises :class:`~trioq.InvalidJob`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from ._model import InvalidJob, Job, JobNotFound, JobState
+
+__all__ = ["Entry", "JobTable"]
+
+_READY = JobState.READY
+_SCHEDULED = JobState.SCHEDULED
+_RUNNING = JobState.RUNNING
+_SUCCEEDED = JobState.SUCCEEDED
+_DEAD = JobState.DEAD
+_CANCELLED = JobState.CANCELLED
+
+
+@attrs.define(slots=True, eq=False)
+class Entry:
+    """The table's mutable record of one job. Never handed out: see :meth:`snapshot`.
+
+    ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is the heap
+    item that currently stands for this job in the ready or scheduled heap, or
+    ``None``; a heap item whose entry no longer points back at it is stale and
+    is skipped when it surfaces (lazy deletion keeps cancel O(1)).
+    """
+
+    id: str
+    task: str
+    payload: dict[str, Any]
+    state: JobState
+    priority: int
+    key: str | None
+    max_attempts: int
+    run_at: float
+    created_at: float
+    seq: int
+    attempts: int = 0
+    epoch: int = 0
+    finished_at: float | None = None
+    result: Any = None
+    error: str | None = None
+    slot: tuple[Any, ...] | None = None
+
+    def __lt__(self, other: Entry) -> bool:
+        # Heap items end with the entry; a stale item and a fresh one for the
+        # same job can tie on every field before it. Either order is fine.
+        return False
+
+    def snapshot(self) -> Job:
+        """An immutable :class:`~trioq.Job` copy of this entry as it is now."""
+        return Job(
+            self.id,
+            self.task,
+            self.payload,
+            self.state,
+            self.attempts,
+            self.epoch,
+            self.priority,
+            self.key,
+            self.max_attempts,
+            self.run_at,
+            self.created_at,
+            self.finished_at,
+            self.result,
+            self.error,
+        )
+
+
+class JobTable:
+    """Every job a store knows, and the rules for moving them between states.
+
+    Ready jobs are ordered by priority (larger first), then ``run_at``, then
+    enqueue order. Terminal jobs are retained until :meth:`evict` finds them
+    older than ``retention`` seconds; beyond ``max_retained`` of them the oldest
+    finished is dropped at once, inside the transition that finished the
+    newest. Idempotency keys live exactly as long as their job.
+    """
+
+    def __init__(self, *, retention: float = 3600.0, max_retained: int = 100_000) -> None:
+        if retention < 0:
+            raise ValueError(f"retention must be >= 0 seconds, got {retention!r}")
+        if max_retained < 0:
+            raise ValueError(f"max_retained must be >= 0, got {max_retained!r}")
+        self.retention = retention
+        self.max_retained = max_retained
+        self._jobs: dict[str, Entry] = {}
+        self._keys: dict[str, Entry] = {}
+        # (-priority, run_at, seq, entry) and (run_at, seq, entry); see Entry.slot.
+        self._ready: list[tuple[int, float, int, Entry]] = []
+        self._scheduled: list[tuple[float, int, Entry]] = []
+        # Terminal jobs in the order they finished (dicts keep insertion order).
+        self._terminal: dict[str, Entry] = {}
+        self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
+        self._next_seq = 0
+
+    # ----------------------------------------------------------------- queries
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, in no promised order (checkpoints and checks use this)."""
+        return iter(self._jobs.values())
+
+    def entry(self, job_id: str) -> Entry:
+        """The live entry for ``job_id``; raises :class:`~trioq.JobNotFound`."""
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise JobNotFound(f"no job with id {job_id!r} (never enqueued, or evicted after retention)") from None
+
+    def get(self, job_id: str) -> Job:
+        """A snapshot of ``job_id``; raises :class:`~trioq.JobNotFound`."""
+        return self.entry(job_id).snapshot()
+
+    def by_key(self, key: str) -> Entry | None:
+        """The job holding idempotency key ``key``, if any."""
+        return self._keys.get(key)
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs in each state, keyed by the state's string value."""
+        return {state.value: n for state, n in self._counts.items()}
+
+    def count(self, state: JobState) -> int:
+        """Number of jobs in ``state``."""
+        return self._counts[state]
+
+    @property
+    def pending(self) -> int:
+        """Jobs waiting to run: ready plus scheduled (what ``max_ready`` bounds)."""
+        return self._counts[_READY] + self._counts[_SCHEDULED]
+
+    def next_run_at(self) -> float | None:
+        """The earliest ``run_at`` among scheduled jobs, or ``None`` if there are none."""
+        heap = self._scheduled
+        while heap:
+            item = heap[0]
+            if item[2].slot is item:
+                return item[0]
+            heapq.heappop(heap)
+        return None
+
+    def peek(self, now: float) -> Entry | None:
+        """The job :meth:`claim_next` would claim at ``now``, without claiming it."""
+        self.promote(now)
+        heap = self._ready
+        while heap:
+            item = heap[0]
+            if item[3].slot is item:
+                return item[3]
+            heapq.heappop(heap)
+        return None
+
+    # ------------------------------------------------------------- transitions
+
+    def add(
+        self,
+        job_id: str,
+        task: str,
+        payload: dict[str, Any],
+        *,
+        priority: int,
+        key: str | None,
+        max_attempts: int,
+        run_at: float,
+        now: float,
+    ) -> tuple[Entry, bool]:
+        """Insert a new job; returns ``(entry, created)``.
+
+        With a ``key`` already held by a retained job, nothing is inserted and
+        that job's entry comes back with ``created=False``. The job starts
+        ``scheduled`` if ``run_at > now``, else ``ready``.
+        """
+        if key is not None:
+            existing = self._keys.get(key)
+            if existing is not None:
+                return existing, False
+        if job_id in self._jobs:
+            raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        state = _SCHEDULED if run_at > now else _READY
+        entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq)
+        self._jobs[job_id] = entry
+        if key is not None:
+            self._keys[key] = entry
+        self._counts[state] += 1
+        self._push(entry)
+        return entry, True
+
+    def claim_next(self, now: float) -> Entry | None:
+        """Claim the best ready job at ``now`` (promoting due scheduled jobs first)."""
+        entry = self.peek(now)
+        if entry is None:
+            return None
+        return self.claim(entry.id)
+
+    def claim(self, job_id: str) -> Entry:
+        """Move a ready (or scheduled) job to ``running`` under a new epoch.
+
+        Replay calls this with the id a log recorded; live stores reach it via
+        :meth:`claim_next`. A scheduled job may be claimed directly because a
+        job being due is a matter of the clock, which replay does not consult.
+        """
+        entry = self.entry(job_id)
+        if entry.state is not _READY and entry.state is not _SCHEDULED:
+            raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only ready jobs can be claimed", field="state")
+        self._move(entry, _RUNNING)
+        entry.slot = None
+        entry.epoch += 1
+        return entry
+
+    def succeed(self, job_id: str, epoch: int, result: Any, now: float) -> Entry | None:
+        """Record a successful attempt; ``None`` if ``epoch`` is stale (result discarded)."""
+        entry = self._running(job_id, epoch)
+        if entry is None:
+            return None
+        entry.attempts += 1
+        entry.result = result
+        entry.error = None
+        self._finish(entry, _SUCCEEDED, now)
+        return entry
+
+    def fail(self, job_id: str, epoch: int, error: str, retry_at: float, now: float) -> Entry | None:
+        """Record a failed (or hung, or timed-out) attempt.
+
+        The job is dead once its attempts reach ``max_attempts``; otherwise it is
+        scheduled to run again at ``retry_at`` (ready at once if that has
+        passed). ``None`` if ``epoch`` is stale.
+        """
+        entry = self._running(job_id, epoch)
+        if entry is None:
+            return None
+        entry.attempts += 1
+        entry.error = error
+        if entry.attempts >= entry.max_attempts:
+            self._finish(entry, _DEAD, now)
+        else:
+            entry.run_at = retry_at
+            self._move(entry, _SCHEDULED if retry_at > now else _READY)
+            self._push(entry)
+        return entry
+
+    def release(self, job_id: str, epoch: int) -> Entry | None:
+        """Give a running job back to ``ready`` without counting the attempt.
+
+        Used at shutdown and in recovery for attempts cut off by a crash.
+        ``None`` if ``epoch`` is stale.
+        """
+        entry = self._running(job_id, epoch)
+        if entry is None:
+            return None
+        self._move(entry, _READY)
+        self._push(entry)
+        return entry
+
+    def cancel(self, job_id: str, now: float) -> tuple[Entry, bool, int | None]:
+        """Cancel a job that has not finished; returns ``(entry, changed, running_epoch)``.
+
+        ``running_epoch`` is the epoch of the attempt that was running, so the
+        caller can stop it (its late completion is refused anyway), or ``None``.
+        Cancelling a terminal job changes nothing (``changed`` is False).
+        """
+        entry = self.entry(job_id)
+        if entry.state.terminal:
+            return entry, False, None
+        running_epoch = entry.epoch if entry.state is _RUNNING else None
+        entry.slot = None
+        self._finish(entry, _CANCELLED, now)
+        return entry, True, running_epoch
+
+    def retry(self, job_id: str, now: float) -> Entry:
+        """Send a dead or cancelled job back to ``ready`` with its attempts reset."""
+        entry = self.entry(job_id)
+        if entry.state is not _DEAD and entry.state is not _CANCELLED:
+            raise InvalidJob(
+                f"job {job_id!r} is {entry.state.value}; only dead or cancelled jobs can be retried",
+                field="state",
+            )
+        del self._terminal[job_id]
+        entry.attempts = 0
+        entry.finished_at = None
+        entry.result = None
+        entry.run_at = now
+        self._move(entry, _READY)
+        self._push(entry)
+        return entry
+
+    def promote(self, now: float) -> int:
+        """Move scheduled jobs whose ``run_at`` has come to ``ready``; returns how many."""
+        heap = self._scheduled
+        promoted = 0
+        while heap and heap[0][0] <= now:
+            item = heapq.heappop(heap)
+            entry = item[2]
+            if entry.slot is not item:
+                continue
+            self._move(entry, _READY)
+            self._push(entry)
+            promoted += 1
+        return promoted
+
+    def evict(self, now: float) -> list[str]:
+        """Drop terminal jobs older than ``retention`` or beyond ``max_retained``.
+
+        Returns the evicted ids (oldest finished first). Their idempotency keys
+        are freed with them.
+        """
+        terminal = self._terminal
+        cutoff = now - self.retention
+        excess = len(terminal) - self.max_retained
+        evicted: list[str] = []
+        for job_id, entry in terminal.items():
+            finished = entry.finished_at
+            if excess <= 0 and finished is not None and finished > cutoff:
+                break
+            evicted.append(job_id)
+            excess -= 1
+        for job_id in evicted:
+            self.drop(job_id)
+        return evicted
+
+    def drop(self, job_id: str) -> None:
+        """Forget a terminal job entirely (eviction; replay of an eviction record)."""
+        entry = self.entry(job_id)
+        if not entry.state.terminal:
+            raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only terminal jobs can be evicted", field="state")
+        del self._jobs[job_id]
+        del self._terminal[job_id]
+        self._counts[entry.state] -= 1
+        if entry.key is not None and self._keys.get(entry.key) is entry:
+            del self._keys[entry.key]
+
+    def running(self) -> list[Entry]:
+        """Every running entry (recovery releases these)."""
+        return [e for e in self._jobs.values() if e.state is _RUNNING]
+
+    # ---------------------------------------------------------------- helpers
+
+    def _running(self, job_id: str, epoch: int) -> Entry | None:
+        entry = self.entry(job_id)
+        if entry.state is not _RUNNING or entry.epoch != epoch:
+            return None
+        return entry
+
+    def _move(self, entry: Entry, state: JobState) -> None:
+        counts = self._counts
+        counts[entry.state] -= 1
+        counts[state] += 1
+        entry.state = state
+
+    def _finish(self, entry: Entry, state: JobState, now: float) -> None:
+        self._move(entry, state)
+        entry.finished_at = now
+        terminal = self._terminal
+        terminal[entry.id] = entry
+        # The count bound holds at every moment, not just after evict(); being
+        # part of the transition, replay reproduces it without a record.
+        while len(terminal) > self.max_retained:
+            self.drop(next(iter(terminal)))
+
+    def _push(self, entry: Entry) -> None:
+        if entry.state is _READY:
+            ready = (-entry.priority, entry.run_at, entry.seq, entry)
+            entry.slot = ready
+            heapq.heappush(self._ready, ready)
+        else:
+            scheduled = (entry.run_at, entry.seq, entry)
+            entry.slot = scheduled
+            heapq.heappush(self._scheduled, scheduled)

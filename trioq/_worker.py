@@ -1,0 +1,335 @@
+"""The worker pool: workers that claim and run attempts, and the health watcher.
+
+Each worker loops: claim a job from the store (parking when none is ready),
+run one attempt inside the attempt's cancel scope, record the outcome under
+the epoch it claimed. The health watcher sleeps until the earliest attempt
+deadline plus :data:`STUCK_GRACE`; a worker still inside an attempt by then
+(shielded code, a handler that swallows cancellation) is declared stuck: its
+job is failed as hung (and so requeued under a new epoch at its next claim),
+and a replacement worker takes its slot. The stuck task exits when it finally
+returns, its late outcome refused by the epoch check. So at most ``size``
+attempts are ever live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ._context import Attempt, JobContext
+from ._executors import ProcessRunner, ThreadRunner, call_async
+from ._model import Backoff, Job, JobState, check_json, error_text
+from ._registry import Registry, TaskDef
+from .stores._base import Store
+
+__all__ = ["STUCK_GRACE", "Totals", "WorkerPool"]
+
+#: Seconds an attempt may run past its deadline before its worker is declared stuck.
+#: Cancellable handlers return within microseconds of the deadline; only code
+#: that shields itself from cancellation gets near this.
+STUCK_GRACE = 1.0
+
+_DEFAULT_BACKOFF = Backoff()
+
+
+@attrs.define
+class Totals:
+    """Counters since the queue opened (see :meth:`Queue.stats`)."""
+
+    enqueued: int = 0
+    succeeded: int = 0
+    failed_attempts: int = 0
+    retried: int = 0
+    dead: int = 0
+    timed_out: int = 0
+    hung: int = 0
+    stuck: int = 0
+    cancelled: int = 0
+    released: int = 0
+
+
+@attrs.define(eq=False)
+class _Worker:
+    slot: int
+    attempt: Attempt | None = None
+    stuck: bool = False
+
+
+class WorkerPool:
+    """``size`` workers sharing one store, plus the watcher that replaces stuck ones.
+
+    ``clock`` is the wall clock the store uses; ``on_outcome(job)`` is called with
+    every job whose attempt was recorded (success, failure, death).
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        store: Store,
+        size: int,
+        heartbeat_timeout: float | None,
+        clock: Callable[[], float],
+        totals: Totals,
+        on_outcome: Callable[[Job], None],
+    ) -> None:
+        self.size = size
+        self._registry = registry
+        self._store = store
+        self._heartbeat_timeout = heartbeat_timeout
+        self._clock = clock
+        self._totals = totals
+        self._on_outcome = on_outcome
+        self._random = random.Random()
+        self._threads = ThreadRunner()
+        self._processes = ProcessRunner(size)
+        self._lot = trio.lowlevel.ParkingLot()
+        self._ready_generation = 0
+        self._stopping = False
+        self._attempts: dict[str, tuple[Attempt, _Worker]] = {}
+        self._healthy = 0
+        self._stuck = 0
+        self._replaced = 0
+        self._drained = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._watch_at = math.inf
+        self._watch_scope: trio.CancelScope | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the workers and the watcher until :meth:`cancel` (or the caller) stops them."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._watch_loop)
+                for slot in range(self.size):
+                    nursery.start_soon(self._work, slot)
+                if self.size == 0:
+                    self._drained.set()
+                task_status.started()
+        finally:
+            self._processes.close()
+
+    def wake(self, n: int) -> None:
+        """The store's wake-up signal: ``n`` jobs may have become claimable."""
+        self._ready_generation += 1
+        self._lot.unpark(count=n)
+
+    def stop_claiming(self) -> None:
+        """Let busy workers finish their attempt, then exit; idle ones exit now."""
+        self._stopping = True
+        self._lot.unpark_all()
+        if self._healthy == 0:
+            self._drained.set()
+
+    async def wait_drained(self) -> None:
+        """Until every healthy worker has exited (after :meth:`stop_claiming`)."""
+        await self._drained.wait()
+
+    def cancel(self) -> None:
+        """Cancel everything: running attempts release their jobs as they unwind."""
+        self._stopping = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def cancel_attempt(self, job_id: str, epoch: int) -> None:
+        """Stop the attempt running ``job_id`` under ``epoch`` (the job was cancelled)."""
+        found = self._attempts.get(job_id)
+        if found is None or found[0].job.epoch != epoch:
+            return
+        attempt = found[0]
+        attempt.ended = True
+        attempt.why_cancelled = "cancelled"
+        attempt.scope.deadline = trio.current_time()
+        attempt.scope.cancel()
+        self._watch(attempt.scope.deadline)
+
+    def stats(self) -> dict[str, int]:
+        busy = sum(1 for attempt, worker in self._attempts.values() if not worker.stuck)
+        return {
+            "configured": self.size,
+            "busy": busy,
+            "idle": max(self._healthy - busy, 0),
+            "healthy": self._healthy,
+            "unhealthy": self._stuck,
+            "replaced": self._replaced,
+            "abandoned_threads": self._threads.abandoned_running,
+            "abandoned_threads_total": self._threads.abandoned_total,
+        }
+
+    # -------------------------------------------------------------- workers
+
+    async def _work(self, slot: int) -> None:
+        me = _Worker(slot)
+        self._healthy += 1
+        try:
+            while True:
+                job = await self._next_job()
+                if job is None:
+                    return
+                await self._run(me, job)
+                if me.stuck:
+                    return
+                # A handler that never yields must not let one worker starve the rest.
+                await trio.lowlevel.checkpoint()
+        finally:
+            if me.stuck:
+                self._stuck -= 1
+            else:
+                self._healthy -= 1
+                if self._stopping and self._healthy == 0:
+                    self._drained.set()
+
+    async def _next_job(self) -> Job | None:
+        store = self._store
+        while not self._stopping:
+            generation = self._ready_generation
+            job = await store.claim()
+            if job is not None:
+                if self._stopping:
+                    with trio.CancelScope(shield=True):
+                        await store.release(job.id, job.epoch)
+                    return None
+                return job
+            if generation == self._ready_generation and not self._stopping:
+                await self._lot.park()
+        return None
+
+    async def _run(self, me: _Worker, job: Job) -> None:
+        try:
+            task = self._registry[job.task]
+        except LookupError as exc:
+            await self._fail(job, None, error_text(exc))
+            return
+        heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
+        attempt: Attempt | None = None
+        try:
+            async with self._room(task):
+                attempt = Attempt(job, task, heartbeat_timeout)
+                me.attempt = attempt
+                self._attempts[job.id] = (attempt, me)
+                self._watch(attempt.scope.deadline)
+                error: str | None = None
+                result: Any = None
+                try:
+                    with attempt.scope:
+                        result = await self._call(task, attempt, me.slot, job.payload)
+                except Exception as exc:
+                    error = error_text(exc)
+                finally:
+                    me.attempt = None
+                    if self._attempts.get(job.id, (None,))[0] is attempt:
+                        del self._attempts[job.id]
+        except trio.Cancelled:
+            if attempt is None or not attempt.ended:
+                if attempt is not None:
+                    attempt.ended = True
+                with trio.CancelScope(shield=True):
+                    if await self._store.release(job.id, job.epoch) is not None:
+                        self._totals.released += 1
+            raise
+        if attempt.ended:
+            return  # the watcher or a cancel already decided this attempt's outcome
+        attempt.ended = True
+        if attempt.scope.cancelled_caught:
+            error = attempt.deadline_error()
+            if error.startswith("AttemptTimeout"):
+                self._totals.timed_out += 1
+            else:
+                self._totals.hung += 1
+        if error is None:
+            try:
+                check_json(result, what="result")
+            except ValueError as exc:
+                error = error_text(exc)
+        if error is None:
+            done = await self._store.succeed(job.id, job.epoch, result)
+            if done is not None:
+                self._totals.succeeded += 1
+                self._on_outcome(done)
+        else:
+            await self._fail(job, task, error)
+
+    @contextlib.asynccontextmanager
+    async def _room(self, task: TaskDef) -> AsyncIterator[None]:
+        if task.kind == "process":
+            async with self._processes.slot():
+                yield
+        else:
+            yield
+
+    async def _call(self, task: TaskDef, attempt: Attempt, slot: int, payload: dict[str, Any]) -> Any:
+        if task.kind == "async":
+            return await call_async(task.fn, JobContext(attempt.job, attempt), payload)
+        if task.kind == "thread":
+            return await self._threads.call(task.fn, JobContext(attempt.job, attempt), payload)
+        return await self._processes.call(task.fn, attempt, slot, payload)
+
+    async def _fail(self, job: Job, task: TaskDef | None, error: str) -> None:
+        backoff = task.backoff if task is not None else _DEFAULT_BACKOFF
+        delay = backoff.delay(job.attempts + 1, self._random.random())
+        failed = await self._store.fail(job.id, job.epoch, error, self._clock() + delay)
+        if failed is None:
+            return
+        self._totals.failed_attempts += 1
+        if failed.state is JobState.DEAD:
+            self._totals.dead += 1
+        else:
+            self._totals.retried += 1
+        self._on_outcome(failed)
+
+    # -------------------------------------------------------------- watcher
+
+    def _watch(self, deadline: float) -> None:
+        """Make sure the watcher wakes by ``deadline + STUCK_GRACE``."""
+        at = deadline + STUCK_GRACE
+        if at < self._watch_at:
+            self._watch_at = at
+            if self._watch_scope is not None:
+                self._watch_scope.deadline = at
+
+    async def _watch_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            next_at = math.inf
+            for attempt, worker in list(self._attempts.values()):
+                stuck_at = attempt.scope.deadline + STUCK_GRACE
+                if now >= stuck_at:
+                    await self._declare_stuck(attempt, worker)
+                else:
+                    next_at = min(next_at, stuck_at)
+            self._watch_at = next_at
+            with trio.CancelScope(deadline=next_at) as self._watch_scope:
+                await trio.sleep_forever()
+            self._watch_scope = None
+
+    async def _declare_stuck(self, attempt: Attempt, worker: _Worker) -> None:
+        job = attempt.job
+        if self._attempts.get(job.id, (None,))[0] is attempt:
+            del self._attempts[job.id]
+        worker.stuck = True
+        self._healthy -= 1
+        self._stuck += 1
+        self._replaced += 1
+        self._totals.stuck += 1
+        if not self._stopping:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._work, worker.slot)
+        elif self._healthy == 0:
+            self._drained.set()
+        if not attempt.ended:
+            attempt.ended = True
+            self._totals.hung += 1
+            await self._fail(
+                job,
+                attempt.task,
+                f"AttemptHung: attempt still running {STUCK_GRACE:g}s after its deadline "
+                "(shielded from cancellation, or blocked in a call that ignores it); its worker was replaced",
+            )

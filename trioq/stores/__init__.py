@@ -1,0 +1,6 @@
+"""Job stores: the :class:`Store` protocol and its implementations."""
+
+from ._base import IdMaker, NewJob, Store, StoreConfig
+from .memory import MemoryStore
+
+__all__ = ["IdMaker", "MemoryStore", "NewJob", "Store", "StoreConfig"]

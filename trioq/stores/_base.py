@@ -1,0 +1,143 @@
+"""The Store seam: what the runtime needs from a place that keeps jobs.
+
+The runtime talks to a store only through these async methods, and never
+assumes the store lives in its own process: a later PostgreSQL store
+implements the same calls in SQL. Every store passes the conformance suite in
+``tests/stores/``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from .._model import Job
+
+__all__ = ["CancelResult", "IdMaker", "NewJob", "Store", "StoreConfig"]
+
+
+@attrs.frozen
+class NewJob:
+    """A validated job on its way into a store: defaults resolved, ``run_at`` absolute."""
+
+    task: str
+    payload: dict[str, Any]
+    priority: int
+    key: str | None
+    max_attempts: int
+    run_at: float
+
+
+@attrs.frozen
+class CancelResult:
+    """What :meth:`Store.cancel` did: the job now, whether it changed, and the
+    epoch of the attempt that was running (to stop it), if one was."""
+
+    job: Job
+    changed: bool
+    running_epoch: int | None = None
+
+
+@attrs.frozen
+class StoreConfig:
+    """What the runtime hands a store when it opens it.
+
+    ``clock`` returns wall-clock seconds (the runtime derives it from
+    ``trio.current_time()`` so a mock clock drives it). ``on_ready(n)`` is the
+    wake-up signal: the store calls it whenever ``n`` jobs may have become
+    claimable. ``on_scheduled(run_at)`` tells the runtime's timer that a job
+    was scheduled for ``run_at`` so it can wake in time.
+    """
+
+    clock: Callable[[], float]
+    retention: float = 3600.0
+    max_retained: int = 100_000
+    on_ready: Callable[[int], None] = lambda n: None
+    on_scheduled: Callable[[float], None] = lambda run_at: None
+
+
+class IdMaker:
+    """Makes job ids: a random per-process prefix and a counter, unique and cheap.
+
+    Ids look like ``"5f1c9a2be07d-1a"``. The prefix is fresh for every maker, so
+    ids do not repeat across restarts of a durable store.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(6) + "-"
+        self._n = 0
+
+    def __call__(self) -> str:
+        self._n += 1
+        return f"{self._prefix}{self._n:x}"
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The async protocol every job store implements.
+
+    Epoch rules: :meth:`claim` returns the job under a new epoch; :meth:`succeed`,
+    :meth:`fail`, :meth:`release` and :meth:`heartbeat` name that epoch and are
+    refused (``None`` / ``False``) once it is stale, so an attempt that lost its
+    job can never complete it.
+    """
+
+    def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:
+        """Open the store for one queue; leaving the block closes it."""
+        ...
+
+    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+        """Insert ``jobs`` all or nothing; existing idempotency keys return their job.
+
+        Raises :class:`~trioq.QueueFull` (inserting none) if the new jobs would
+        take ready plus scheduled jobs past ``max_pending``.
+        """
+        ...
+
+    async def claim(self) -> Job | None:
+        """Claim the best ready job (running, new epoch), or ``None`` if none is ready."""
+        ...
+
+    async def heartbeat(self, job_id: str, epoch: int) -> bool:
+        """Whether ``epoch`` still owns the running job ``job_id``."""
+        ...
+
+    async def succeed(self, job_id: str, epoch: int, result: Any) -> Job | None:
+        """Record success; ``None`` (and nothing changes) if the epoch is stale."""
+        ...
+
+    async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
+        """Record a failed attempt: scheduled at ``retry_at``, or dead at max attempts."""
+        ...
+
+    async def release(self, job_id: str, epoch: int) -> Job | None:
+        """Give a running job back to ``ready`` without counting the attempt."""
+        ...
+
+    async def get(self, job_id: str) -> Job:
+        """A snapshot; raises :class:`~trioq.JobNotFound`."""
+        ...
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel a non-terminal job; a terminal one is returned unchanged."""
+        ...
+
+    async def retry(self, job_id: str) -> Job:
+        """Send a dead or cancelled job back to ``ready`` with attempts reset."""
+        ...
+
+    async def promote(self) -> float | None:
+        """Make due scheduled jobs ready; returns the next ``run_at`` still waiting."""
+        ...
+
+    async def evict(self) -> int:
+        """Drop terminal jobs past retention; returns how many."""
+        ...
+
+    async def counts(self) -> dict[str, int]:
+        """Jobs per state, keyed by the state's string value."""
+        ...
