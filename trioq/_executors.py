@@ -13,7 +13,8 @@ the attempt's cancel scope, so the scope's deadline stops it:
   deadline kills the process. At most one process per CPU runs at a time; a
   job waits for a free CPU before its attempt (and its deadline) starts.
   Heartbeats from the child process go through a small shared-memory board
-  that the worker polls.
+  that the worker polls; the heartbeat deadline starts with the child's first
+  beat, so spawning a worker process is not mistaken for a hang.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ from ._model import Job
 __all__ = ["ProcessJobContext", "ProcessRunner", "ThreadRunner", "call_async"]
 
 _COUNTER = struct.Struct("<Q")
+
+#: Seconds a process attempt may take to start (spawning a worker process)
+#: before its heartbeat deadline applies.
+PROCESS_START_ALLOWANCE = 10.0
 
 
 async def call_async(fn: Callable[..., Any], ctx: JobContext, payload: dict[str, Any]) -> Any:
@@ -120,7 +125,8 @@ _child_boards: dict[str, mmap.mmap] = {}
 
 
 def _invoke(fn: Callable[..., Any], ctx: ProcessJobContext, payload: dict[str, Any]) -> Any:
-    """Runs in the worker process: call the handler with its payload as keywords."""
+    """Runs in the worker process: say it started, then call the handler."""
+    ctx.heartbeat()
     return fn(ctx, **payload)
 
 
@@ -176,6 +182,12 @@ class ProcessRunner:
             self._board = HeartbeatBoard(self._slots)
         board = self._board
         pctx = ProcessJobContext(attempt.job, board.path, slot)
+        # Starting a worker process can take longer than a heartbeat period;
+        # the heartbeat clock starts with the child's first beat (sent by
+        # _invoke before the handler runs), within PROCESS_START_ALLOWANCE.
+        attempt.scope.deadline = min(
+            attempt.timeout_at, trio.current_time() + attempt.heartbeat_timeout + PROCESS_START_ALLOWANCE
+        )
         poll_every = max(attempt.heartbeat_timeout / 4, 0.005)
 
         async def watch_board(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -100,6 +100,8 @@ class WorkerPool:
         self._nursery: trio.Nursery | None = None
         self._watch_at = math.inf
         self._watch_scope: trio.CancelScope | None = None
+        self._fatal: Exception | None = None
+        self._fatal_notes: set[str] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -116,6 +118,24 @@ class WorkerPool:
                 task_status.started()
         finally:
             self._processes.close()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _crash(self, exc: Exception) -> None:
+        """A store call failed outside any handler: stop the pool and report the first error.
+
+        When one store call fails, every worker's next call usually fails the
+        same way; the first error propagates and the others are attached to it
+        as notes, so one broken store reads as one error.
+        """
+        if self._fatal is None:
+            self._fatal = exc
+            self.cancel()
+            return
+        note = f"also raised in another trioq worker: {error_text(exc)}"
+        if note not in self._fatal_notes:
+            self._fatal_notes.add(note)
+            self._fatal.add_note(note)
 
     def wake(self, n: int) -> None:
         """The store's wake-up signal: ``n`` jobs may have become claimable."""
@@ -179,6 +199,8 @@ class WorkerPool:
                     return
                 # A handler that never yields must not let one worker starve the rest.
                 await trio.lowlevel.checkpoint()
+        except Exception as exc:  # handler errors never get here: only the store's
+            self._crash(exc)
         finally:
             if me.stuck:
                 self._stuck -= 1
@@ -296,6 +318,12 @@ class WorkerPool:
                 self._watch_scope.deadline = at
 
     async def _watch_loop(self) -> None:
+        try:
+            await self._watch_forever()
+        except Exception as exc:
+            self._crash(exc)
+
+    async def _watch_forever(self) -> None:
         while True:
             now = trio.current_time()
             next_at = math.inf

@@ -1,0 +1,37 @@
+"""Module-level handlers for process-kind tests (process handlers are pickled by name)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+
+def square(ctx: Any, n: int) -> int:
+    return n * n
+
+
+def spin(ctx: Any, seconds: float) -> str:
+    """Burn CPU for ``seconds`` without heartbeating."""
+    end = time.monotonic() + seconds
+    digest = b""
+    while time.monotonic() < end:
+        digest = hashlib.sha256(digest).digest()
+    return digest.hex()
+
+
+def spin_beating(ctx: Any, seconds: float) -> str:
+    """Burn CPU for ``seconds``, heartbeating every 20 ms."""
+    end = time.monotonic() + seconds
+    next_beat = 0.0
+    digest = b""
+    while (now := time.monotonic()) < end:
+        if now >= next_beat:
+            ctx.heartbeat()
+            next_beat = now + 0.02
+        digest = hashlib.sha256(digest).digest()
+    return digest.hex()
+
+
+def explode(ctx: Any) -> None:
+    raise ValueError("boom in a process")

@@ -1,0 +1,288 @@
+"""Hung, slow and stuck attempts: deadlines, heartbeats, the watcher, threads, processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+import trio.testing
+
+import trioq
+from trioq import Backoff, JobState
+from trioq._worker import STUCK_GRACE
+
+NO_WAIT = Backoff(base=0.0, jitter=0.0)
+
+
+async def test_hung_async_attempt_is_detected_and_retried(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    starts: list[float] = []
+
+    @registry.task(heartbeat_timeout=5.0, backoff=NO_WAIT)
+    async def hangs_once(ctx: trioq.JobContext) -> str:
+        starts.append(trio.current_time())
+        if ctx.attempt == 1:
+            await trio.sleep_forever()  # no heartbeats: a hang
+        return "second time lucky"
+
+    async with trioq.open_queue(registry, workers=2) as queue:
+        job = await queue.enqueue("hangs_once")
+        final = await queue.wait(job.id)
+        stats = await queue.stats()
+
+    assert final.state is JobState.SUCCEEDED
+    assert final.attempts == 2  # the hang counted as a failed attempt
+    assert final.result == "second time lucky"
+    assert starts[1] - starts[0] == pytest.approx(5.0, abs=1e-3)
+    assert stats["totals"]["hung"] == 1
+    assert stats["workers"]["replaced"] == 0  # a cancellable hang needs no replacement
+
+
+async def test_hang_error_text_says_it_hung_and_timeout_says_timed_out(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def silent(ctx: trioq.JobContext) -> None:
+        await trio.sleep_forever()
+
+    @registry.task(max_attempts=1, timeout=3.0)
+    async def slow(ctx: trioq.JobContext) -> None:
+        while True:
+            ctx.heartbeat()
+            await trio.sleep(0.5)
+
+    async with trioq.open_queue(registry, heartbeat_timeout=2.0) as queue:
+        hung = await queue.wait((await queue.enqueue("silent")).id)
+        timed_out = await queue.wait((await queue.enqueue("slow")).id)
+        stats = await queue.stats()
+    assert hung.state is JobState.DEAD and hung.error is not None and "hung" in hung.error
+    assert "no heartbeat for 2s" in hung.error
+    assert timed_out.state is JobState.DEAD and timed_out.error is not None
+    assert "timed out after 3s" in timed_out.error
+    assert stats["totals"]["hung"] == 1 and stats["totals"]["timed_out"] == 1
+
+
+async def test_heartbeating_long_job_is_never_a_false_hang(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(heartbeat_timeout=1.0, max_attempts=1)
+    async def marathon(ctx: trioq.JobContext) -> int:
+        for _ in range(600):  # 60 s of work, a heartbeat every 0.1 s
+            await trio.sleep(0.1)
+            assert ctx.heartbeat()
+        return 600
+
+    async with trioq.open_queue(registry) as queue:
+        final = await queue.wait((await queue.enqueue("marathon")).id)
+        stats = await queue.stats()
+    assert final.state is JobState.SUCCEEDED and final.attempts == 1
+    assert stats["totals"]["hung"] == 0
+
+
+async def test_task_heartbeat_timeout_overrides_queue_default(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(heartbeat_timeout=10.0, max_attempts=1)
+    async def patient(ctx: trioq.JobContext) -> str:
+        await trio.sleep(5.0)  # longer than the queue's 1 s, shorter than its own 10 s
+        return "fine"
+
+    async with trioq.open_queue(registry, heartbeat_timeout=1.0) as queue:
+        final = await queue.wait((await queue.enqueue("patient")).id)
+    assert final.state is JobState.SUCCEEDED
+
+
+async def test_shielded_hang_replaces_worker_and_requeues_under_new_epoch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = trioq.Registry()
+    running = 0
+    peak = 0
+    late_returns: list[int] = []
+
+    @registry.task(heartbeat_timeout=2.0, backoff=NO_WAIT)
+    async def stubborn(ctx: trioq.JobContext, n: int) -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            if n == 0 and ctx.attempt == 1:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(50)  # ignores its deadline entirely
+                late_returns.append(ctx.job.epoch)
+                return "late result"
+            await trio.sleep(1.0)
+            return f"ok {ctx.job.epoch}"
+        finally:
+            running -= 1
+
+    async with trioq.open_queue(registry, workers=2) as queue:
+        first = await queue.enqueue("stubborn", {"n": 0})
+        await trio.sleep(2.0 + STUCK_GRACE + 0.5)
+        stats = await queue.stats()
+        assert stats["workers"]["unhealthy"] == 1
+        assert stats["workers"]["healthy"] == 2
+        assert stats["workers"]["replaced"] == 1
+        others = [await queue.enqueue("stubborn", {"n": n}) for n in range(1, 7)]
+        requeued = await queue.wait(first.id)
+        for job in others:
+            await queue.wait(job.id)
+        await trio.sleep(60)  # let the stuck attempt return; its result must be refused
+        after = await queue.get(first.id)
+        stats = await queue.stats()
+
+    assert requeued.state is JobState.SUCCEEDED
+    assert requeued.result == "ok 2"  # the second epoch completed it
+    assert requeued.attempts == 2
+    assert late_returns == [1]
+    assert after.result == "ok 2"  # the late return of epoch 1 changed nothing
+    # At most two attempts alive at once, plus the one stuck attempt that lost its job.
+    assert peak <= 3
+    assert stats["workers"]["unhealthy"] == 0  # the stuck task exited when it returned
+    assert stats["totals"]["stuck"] == 1
+
+
+async def test_stuck_worker_never_adds_a_slot(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    live_healthy = 0
+    peak_healthy = 0
+
+    @registry.task(heartbeat_timeout=1.0, backoff=NO_WAIT, max_attempts=1)
+    async def stuck(ctx: trioq.JobContext) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(30)
+
+    @registry.task
+    async def normal(ctx: trioq.JobContext) -> None:
+        nonlocal live_healthy, peak_healthy
+        live_healthy += 1
+        peak_healthy = max(peak_healthy, live_healthy)
+        await trio.sleep(0.5)
+        live_healthy -= 1
+
+    async with trioq.open_queue(registry, workers=3) as queue:
+        await queue.enqueue_many([trioq.JobSpec("stuck") for _ in range(3)])
+        await trio.sleep(1.0 + STUCK_GRACE + 0.1)
+        stats = await queue.stats()
+        assert stats["workers"]["unhealthy"] == 3 and stats["workers"]["healthy"] == 3
+        await queue.enqueue_many([trioq.JobSpec("normal") for _ in range(30)])
+        await queue.join()
+        dead = (await queue.stats())["jobs"]["dead"]
+    assert peak_healthy == 3
+    assert dead == 3
+
+
+async def test_thread_handler_ignoring_deadline_is_abandoned_and_its_late_result_discarded() -> None:
+    """Real clock, short: under an autojump clock virtual time leaps while any thread runs,
+    so every thread attempt with a deadline would time out."""
+    registry = trioq.Registry()
+    release_thread = threading.Event()
+    thread_finished = threading.Event()
+    late_heartbeat: list[bool] = []
+
+    @registry.task(kind="thread", timeout=0.2, backoff=NO_WAIT)
+    def blocking(ctx: trioq.JobContext) -> str:
+        if ctx.attempt == 1:
+            release_thread.wait(10)  # ignores the deadline
+            late_heartbeat.append(ctx.heartbeat())
+            thread_finished.set()
+            return "late"
+        return "fresh"
+
+    with trio.fail_after(10):
+        async with trioq.open_queue(registry, workers=1) as queue:
+            job = await queue.enqueue("blocking")
+            final = await queue.wait(job.id)
+            stats = await queue.stats()
+            release_thread.set()
+            await trio.to_thread.run_sync(thread_finished.wait, 10)
+            await trio.sleep(0.05)
+            after = await queue.get(job.id)
+            stats_after = await queue.stats()
+
+    assert final.state is JobState.SUCCEEDED and final.result == "fresh" and final.attempts == 2
+    assert stats["workers"]["abandoned_threads"] == 1
+    assert stats["totals"]["timed_out"] == 1
+    assert late_heartbeat == [False]  # the abandoned attempt learns it lost the job
+    assert after.result == "fresh" and after.epoch == 2  # the late "late" was discarded
+    assert stats_after["workers"]["abandoned_threads"] == 0
+    assert stats_after["workers"]["abandoned_threads_total"] == 1
+
+
+async def test_thread_handler_heartbeat_is_thread_safe() -> None:
+    """Real clock (see above): 8 jobs, each heartbeating 50 times from its thread."""
+    registry = trioq.Registry()
+    seen_threads: set[int] = set()
+
+    @registry.task(kind="thread")
+    def beats(ctx: trioq.JobContext, n: int) -> int:
+        seen_threads.add(threading.get_ident())
+        return sum(1 for _ in range(n) if ctx.heartbeat())
+
+    with trio.fail_after(10):
+        async with trioq.open_queue(registry, workers=4, heartbeat_timeout=30.0) as queue:
+            jobs = await queue.enqueue_many([trioq.JobSpec("beats", {"n": 50}) for _ in range(8)])
+            results = [(await queue.wait(j.id)).result for j in jobs]
+    assert results == [50] * 8
+    assert threading.get_ident() not in seen_threads
+
+
+@pytest.mark.slow
+async def test_cpu_bound_thread_job_that_heartbeats_is_not_a_false_hang() -> None:
+    """Real clock: an autojump clock would leap past the deadline while the thread computes."""
+    registry = trioq.Registry()
+
+    @registry.task(kind="thread", heartbeat_timeout=0.25, max_attempts=1)
+    def crunch(ctx: trioq.JobContext, seconds: float) -> int:
+        import hashlib
+
+        end = time.monotonic() + seconds
+        rounds = 0
+        digest = b""
+        next_beat = 0.0
+        while (now := time.monotonic()) < end:
+            if now >= next_beat:
+                ctx.heartbeat()
+                next_beat = now + 0.02
+            digest = hashlib.sha256(digest).digest()
+            rounds += 1
+        return rounds
+
+    with trio.fail_after(10):
+        async with trioq.open_queue(registry, workers=2) as queue:
+            job = await queue.enqueue("crunch", {"seconds": 1.0})
+            final = await queue.wait(job.id)
+            stats = await queue.stats()
+    assert final.state is JobState.SUCCEEDED and final.attempts == 1
+    assert stats["totals"]["hung"] == 0 and stats["workers"]["abandoned_threads_total"] == 0
+
+
+@pytest.mark.slow
+async def test_process_handlers_run_kill_on_timeout_and_heartbeat_across_processes() -> None:
+    from tests import handlers
+
+    registry = trioq.Registry()
+    registry.add(handlers.square, kind="process")
+    registry.add(handlers.spin, kind="process", timeout=0.5, max_attempts=1)
+    registry.add(handlers.spin_beating, kind="process", heartbeat_timeout=0.3, max_attempts=1)
+    registry.add(handlers.explode, kind="process", max_attempts=1)
+
+    with trio.fail_after(30):
+        async with trioq.open_queue(registry, workers=2) as queue:
+            square = await queue.enqueue("square", {"n": 12})
+            assert (await queue.wait(square.id)).result == 144  # also warms the process pool
+            t0 = time.monotonic()
+            spin = await queue.enqueue("spin", {"seconds": 20.0})
+            killed = await queue.wait(spin.id)
+            killed_after = time.monotonic() - t0
+            beating = await queue.enqueue("spin_beating", {"seconds": 1.2})
+            explode = await queue.enqueue("explode")
+            beat_final = await queue.wait(beating.id)
+            exploded = await queue.wait(explode.id)
+
+    assert killed.state is JobState.DEAD and killed.error is not None and "timed out" in killed.error
+    assert killed_after < 5.0  # the 20 s computation was killed at its 0.5 s deadline
+    assert beat_final.state is JobState.SUCCEEDED, beat_final.error
+    assert exploded.state is JobState.DEAD and exploded.error == "ValueError: boom in a process"

@@ -1,0 +1,498 @@
+"""The queue end to end on the autojump clock: running, retrying, ordering, refusing."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trioq
+from trioq import Backoff, JobSpec, JobState
+
+
+async def test_all_jobs_complete_with_exactly_workers_in_parallel(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    running = 0
+    peak = 0
+    done: list[int] = []
+
+    @registry.task
+    async def work(ctx: trioq.JobContext, n: int) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(1.0)
+        running -= 1
+        done.append(n)
+        return n * 2
+
+    async with trioq.open_queue(registry, workers=4) as queue:
+        jobs = await queue.enqueue_many([JobSpec("work", {"n": n}) for n in range(20)])
+        start = trio.current_time()
+        await queue.join()
+        elapsed = trio.current_time() - start
+        finished = [await queue.get(job.id) for job in jobs]
+
+    assert peak == 4
+    assert sorted(done) == list(range(20))
+    assert elapsed == pytest.approx(5.0)  # 20 jobs / 4 workers * 1 s
+    assert all(job.state is JobState.SUCCEEDED and job.attempts == 1 for job in finished)
+    assert [job.result for job in finished] == [n * 2 for n in range(20)]
+
+
+async def test_failing_job_dead_letters_after_max_attempts_with_backoff_gaps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = trioq.Registry()
+    starts: list[float] = []
+
+    @registry.task(max_attempts=4, backoff=Backoff(base=1.0, factor=3.0, max=100.0, jitter=0.0))
+    async def always_fails(ctx: trioq.JobContext) -> None:
+        starts.append(trio.current_time())
+        raise RuntimeError(f"attempt {ctx.attempt} failed")
+
+    async with trioq.open_queue(registry, workers=2) as queue:
+        job = await queue.enqueue("always_fails")
+        final = await queue.wait(job.id)
+        stats = await queue.stats()
+
+    assert final.state == "dead"
+    assert final.attempts == 4
+    assert final.error == "RuntimeError: attempt 4 failed"
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == pytest.approx([1.0, 3.0, 9.0], abs=1e-3)
+    assert stats["totals"]["dead"] == 1
+    assert stats["totals"]["retried"] == 3
+    assert stats["jobs"]["dead"] == 1
+
+
+async def test_backoff_jitter_stays_within_its_band(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    starts: list[float] = []
+
+    @registry.task(max_attempts=6, backoff=Backoff(base=2.0, factor=2.0, max=10.0, jitter=0.5))
+    async def fails(ctx: trioq.JobContext) -> None:
+        starts.append(trio.current_time())
+        raise RuntimeError("no")
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        job = await queue.enqueue("fails")
+        await queue.wait(job.id)
+
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    for attempt, gap in enumerate(gaps, start=1):
+        raw = min(10.0, 2.0 * 2.0 ** (attempt - 1))
+        assert raw - 1e-3 <= gap <= raw * 1.5 + 1e-3
+
+
+async def test_max_attempts_one_dead_letters_on_first_failure(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    calls = 0
+
+    @registry.task
+    async def once(ctx: trioq.JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        raise KeyError("missing")
+
+    async with trioq.open_queue(registry) as queue:
+        job = await queue.enqueue("once", max_attempts=1)
+        final = await queue.wait(job.id)
+    assert calls == 1
+    assert final.state is JobState.DEAD
+    assert final.attempts == 1
+    assert final.error == "KeyError: 'missing'"
+
+
+async def test_delay_runs_job_no_earlier_than_its_run_at(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    started: dict[str, float] = {}
+
+    @registry.task
+    async def note(ctx: trioq.JobContext, name: str) -> None:
+        started[name] = trio.current_time()
+
+    async with trioq.open_queue(registry, workers=2) as queue:
+        t0 = trio.current_time()
+        later = await queue.enqueue("note", {"name": "later"}, delay=30.0)
+        soon = await queue.enqueue("note", {"name": "soon"}, delay=5.0)
+        now = await queue.enqueue("note", {"name": "now"})
+        assert later.state is JobState.SCHEDULED and soon.state is JobState.SCHEDULED
+        assert now.state is JobState.READY
+        assert later.run_at - later.created_at == pytest.approx(30.0)
+        await queue.join()
+    assert started["now"] - t0 == pytest.approx(0.0, abs=1e-3)
+    assert started["soon"] - t0 == pytest.approx(5.0, abs=1e-3)
+    assert started["later"] - t0 == pytest.approx(30.0, abs=1e-3)
+
+
+async def test_priority_then_run_at_then_fifo(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    order: list[str] = []
+    gate = trio.Event()
+
+    @registry.task
+    async def blocker(ctx: trioq.JobContext) -> None:
+        await gate.wait()
+
+    @registry.task
+    async def record(ctx: trioq.JobContext, name: str) -> None:
+        order.append(name)
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        await queue.enqueue("blocker", priority=100)
+        await trio.testing.wait_all_tasks_blocked()
+        await queue.enqueue("record", {"name": "low-1"}, priority=-1)
+        await queue.enqueue("record", {"name": "mid-1"})
+        await queue.enqueue("record", {"name": "high"}, priority=5)
+        await queue.enqueue("record", {"name": "mid-2"})
+        await queue.enqueue("record", {"name": "low-2"}, priority=-1)
+        gate.set()
+        await queue.join()
+    assert order == ["high", "mid-1", "mid-2", "low-1", "low-2"]
+
+
+async def test_task_default_priority_applies(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(priority=7)
+    async def urgent(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        assert (await queue.enqueue("urgent")).priority == 7
+        assert (await queue.enqueue("urgent", priority=1)).priority == 1
+
+
+async def test_cancel_scheduled_ready_and_running_jobs(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    ran: list[str] = []
+    started = trio.Event()
+    saw_cancel = False
+
+    @registry.task
+    async def slow(ctx: trioq.JobContext, name: str) -> str:
+        nonlocal saw_cancel
+        ran.append(name)
+        started.set()
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            saw_cancel = True
+            raise
+        return name
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        running = await queue.enqueue("slow", {"name": "running"})
+        await started.wait()
+        ready = await queue.enqueue("slow", {"name": "ready"})
+        scheduled = await queue.enqueue("slow", {"name": "scheduled"}, delay=10)
+
+        assert (await queue.cancel(scheduled.id)).state is JobState.CANCELLED
+        assert (await queue.cancel(ready.id)).state is JobState.CANCELLED
+        t0 = trio.current_time()
+        cancelled = await queue.cancel(running.id)
+        assert cancelled.state is JobState.CANCELLED
+        final = await queue.wait(running.id)
+        await trio.testing.wait_all_tasks_blocked()
+        assert trio.current_time() - t0 < 1.0
+        # Cancelling again is a no-op that returns the job as it is.
+        again = await queue.cancel(running.id)
+        assert again.state is JobState.CANCELLED and again.finished_at == cancelled.finished_at
+        await trio.sleep(20)  # past the scheduled job's run_at: it must not run
+        stats = await queue.stats()
+
+    assert saw_cancel
+    assert ran == ["running"]
+    assert final.state is JobState.CANCELLED
+    assert final.result is None
+    assert stats["totals"]["cancelled"] == 3
+    assert stats["totals"]["succeeded"] == 0
+    assert stats["jobs"]["cancelled"] == 3
+
+
+async def test_retry_of_dead_and_cancelled_jobs(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    healthy = False
+
+    @registry.task(max_attempts=2, backoff=Backoff(base=1, jitter=0))
+    async def fragile(ctx: trioq.JobContext) -> str:
+        if not healthy:
+            raise ConnectionError("downstream is down")
+        return "ok"
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        job = await queue.enqueue("fragile")
+        dead = await queue.wait(job.id)
+        assert dead.state is JobState.DEAD and dead.attempts == 2
+        with pytest.raises(trioq.InvalidJob) as excinfo:
+            await queue.retry((await queue.enqueue("fragile", delay=50)).id)
+        assert excinfo.value.field == "state"
+
+        healthy = True
+        retried = await queue.retry(job.id)
+        assert retried.state is JobState.READY and retried.attempts == 0
+        done = await queue.wait(job.id)
+        assert done.state is JobState.SUCCEEDED and done.attempts == 1 and done.result == "ok"
+
+        parked = await queue.enqueue("fragile", delay=100)
+        await queue.cancel(parked.id)
+        assert (await queue.retry(parked.id)).state is JobState.READY
+        assert (await queue.wait(parked.id)).state is JobState.SUCCEEDED
+
+
+async def test_idempotency_key_returns_existing_job(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    runs = 0
+
+    @registry.task
+    async def charge(ctx: trioq.JobContext, amount: int) -> int:
+        nonlocal runs
+        runs += 1
+        return amount
+
+    async with trioq.open_queue(registry, workers=1, retention=60.0) as queue:
+        first = await queue.enqueue("charge", {"amount": 5}, key="order-1")
+        second = await queue.enqueue("charge", {"amount": 5}, key="order-1")
+        assert second.id == first.id
+        await queue.join()
+        # Still within retention after it finished: same job, not run again.
+        third = await queue.enqueue("charge", {"amount": 5}, key="order-1")
+        assert third.id == first.id and third.state is JobState.SUCCEEDED
+        other = await queue.enqueue("charge", {"amount": 6}, key="order-2")
+        assert other.id != first.id
+        await queue.join()
+        assert runs == 2
+        # After retention the job is evicted and the key is free again.
+        await trio.sleep(200)
+        with pytest.raises(trioq.JobNotFound):
+            await queue.get(first.id)
+        fresh = await queue.enqueue("charge", {"amount": 5}, key="order-1")
+        assert fresh.id != first.id
+        await queue.join()
+        assert runs == 3
+
+
+async def test_max_retained_bounds_terminal_jobs(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, workers=4, max_retained=10) as queue:
+        jobs = await queue.enqueue_many([JobSpec("noop") for _ in range(50)])
+        await queue.join()
+        stats = await queue.stats()
+        assert stats["jobs"]["succeeded"] == 10
+        assert stats["totals"]["succeeded"] == 50
+        with pytest.raises(trioq.JobNotFound):
+            await queue.get(jobs[0].id)
+
+
+async def test_queue_full_at_max_ready_is_all_or_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0, max_ready=3) as queue:
+        await queue.enqueue("noop")
+        await queue.enqueue("noop", key="k")
+        with pytest.raises(trioq.QueueFull) as excinfo:
+            await queue.enqueue_many([JobSpec("noop"), JobSpec("noop")])
+        assert excinfo.value.retry_after > 0
+        assert (await queue.stats())["jobs"]["ready"] == 2
+        # An existing key adds nothing, so it is not refused.
+        assert (await queue.enqueue("noop", key="k")).key == "k"
+        await queue.enqueue("noop")
+        with pytest.raises(trioq.QueueFull):
+            await queue.enqueue("noop", delay=10)
+        assert (await queue.stats())["jobs"]["ready"] == 3
+
+
+async def test_bad_input_gets_specific_errors() -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def send(ctx: trioq.JobContext, to: str, subject: str = "") -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        with pytest.raises(trioq.UnknownTask, match="no task named 'nope'"):
+            await queue.enqueue("nope")
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"payload": {"to": object()}}, "payload"),
+            ({"payload": {"to": float("nan")}}, "payload"),
+            ({"payload": ["to"]}, "payload"),
+            ({"payload": {"subject": "x"}}, "payload"),  # missing required 'to'
+            ({"payload": {"to": "a", "cc": "b"}}, "payload"),  # unknown argument
+            ({"payload": {"to": "a"}, "delay": -1}, "delay"),
+            ({"payload": {"to": "a"}, "delay": float("inf")}, "delay"),
+            ({"payload": {"to": "a"}, "delay": "soon"}, "delay"),
+            ({"payload": {"to": "a"}, "priority": 1.5}, "priority"),
+            ({"payload": {"to": "a"}, "priority": True}, "priority"),
+            ({"payload": {"to": "a"}, "max_attempts": 0}, "max_attempts"),
+            ({"payload": {"to": "a"}, "key": ""}, "key"),
+            ({"payload": {"to": "a"}, "key": 12}, "key"),
+        ]
+        for kwargs, field in cases:
+            with pytest.raises(trioq.InvalidJob) as excinfo:
+                await queue.enqueue("send", **kwargs)
+            assert excinfo.value.field == field, kwargs
+            assert isinstance(excinfo.value, trioq.TrioqError)
+        # A bad job in a batch rejects the whole batch and names its index.
+        with pytest.raises(trioq.InvalidJob) as excinfo:
+            await queue.enqueue_many([JobSpec("send", {"to": "a"}), JobSpec("send", {"to": "a"}, delay=-5)])
+        assert excinfo.value.field == "jobs[1].delay"
+        assert (await queue.stats())["jobs"]["ready"] == 0
+        with pytest.raises(trioq.JobNotFound):
+            await queue.get("no-such-id")
+        with pytest.raises(trioq.JobNotFound):
+            await queue.cancel("no-such-id")
+        with pytest.raises(trioq.JobNotFound):
+            await queue.wait("no-such-id")
+
+
+async def test_result_that_is_not_json_fails_the_attempt(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def returns_object(ctx: trioq.JobContext) -> object:
+        return object()
+
+    async with trioq.open_queue(registry) as queue:
+        job = await queue.enqueue("returns_object")
+        final = await queue.wait(job.id)
+    assert final.state is JobState.DEAD
+    assert final.error is not None and "JSON" in final.error
+
+
+async def test_wait_times_out_with_timeout_error(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        job = await queue.enqueue("noop")
+        with pytest.raises(TimeoutError):
+            await queue.wait(job.id, timeout=5)
+        with pytest.raises(trioq.TrioqError):
+            await queue.wait(job.id, timeout=0)
+
+
+async def test_job_context_exposes_job_and_attempt(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    seen: list[tuple[str, int, int, bool]] = []
+
+    @registry.task(max_attempts=2, backoff=Backoff(base=0.1, jitter=0))
+    async def look(ctx: trioq.JobContext, x: int) -> None:
+        seen.append((ctx.job.id, ctx.attempt, ctx.job.epoch, ctx.heartbeat()))
+        if ctx.attempt == 1:
+            raise ValueError("again")
+
+    async with trioq.open_queue(registry) as queue:
+        job = await queue.enqueue("look", {"x": 1})
+        await queue.wait(job.id)
+    assert seen == [(job.id, 1, 1, True), (job.id, 2, 2, True)]
+
+
+async def test_job_snapshot_fields_and_to_dict(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(name="email.send", max_attempts=3)
+    async def send(ctx: trioq.JobContext, to: str) -> dict[str, str]:
+        return {"sent": to}
+
+    async with trioq.open_queue(registry) as queue:
+        job = await queue.enqueue("email.send", {"to": "a@b.c"}, key="k1")
+        assert job.task == "email.send" and job.payload == {"to": "a@b.c"}
+        assert job.max_attempts == 3 and job.key == "k1" and job.attempts == 0 and job.epoch == 0
+        done = await queue.wait(job.id)
+    data = done.to_dict()
+    assert data["state"] == "succeeded" and data["result"] == {"sent": "a@b.c"}
+    assert done.finished_at is not None and done.finished_at >= done.created_at
+    assert set(data) == {
+        "id", "task", "payload", "state", "attempts", "epoch", "priority", "key",
+        "max_attempts", "run_at", "created_at", "finished_at", "result", "error",
+    }  # fmt: skip
+
+
+async def test_producer_only_queue_never_runs_jobs(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def never(ctx: trioq.JobContext) -> None:
+        raise AssertionError("a producer-only queue ran a job")
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        job = await queue.enqueue("never")
+        await trio.sleep(10)
+        assert (await queue.get(job.id)).state is JobState.READY
+        assert (await queue.stats())["workers"]["configured"] == 0
+
+
+async def test_jobs_enqueued_on_a_producer_queue_run_on_a_later_queue(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def double(ctx: trioq.JobContext, n: int) -> int:
+        return 2 * n
+
+    store = trioq.MemoryStore()
+    async with trioq.open_queue(registry, store=store, workers=0) as producer:
+        job = await producer.enqueue("double", {"n": 21})
+    async with trioq.open_queue(registry, store=store, workers=2) as consumer:
+        assert (await consumer.wait(job.id)).result == 42
+
+
+def test_registry_refuses_misfits() -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def a(ctx: trioq.JobContext) -> None: ...
+
+    with pytest.raises(ValueError, match="already registered"):
+        registry.task(name="a")(a)
+    with pytest.raises(TypeError, match="not an async function"):
+
+        @registry.task
+        def sync_default(ctx: trioq.JobContext) -> None: ...
+
+    with pytest.raises(TypeError, match="async function"):
+
+        @registry.task(kind="thread")
+        async def async_thread(ctx: trioq.JobContext) -> None: ...
+
+    with pytest.raises(TypeError, match="module-level"):
+
+        @registry.task(kind="process")
+        def local_process(ctx: trioq.JobContext) -> None: ...
+
+    with pytest.raises(ValueError, match="max_attempts"):
+        registry.task(name="x", max_attempts=0)(a)
+    with pytest.raises(ValueError, match="kind"):
+        registry.task(name="y", kind="fiber")(a)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="timeout"):
+        registry.task(name="z", timeout=-1)(a)
+    with pytest.raises(TypeError, match="job context"):
+        registry.add(lambda: None, name="no_ctx", kind="thread")
+    assert "a" in registry and len(registry) == 1
+
+
+def test_backoff_formula_and_validation() -> None:
+    backoff = Backoff(base=0.5, factor=2.0, max=3.0, jitter=0.5)
+    assert [backoff.delay(n, 0.0) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert backoff.delay(2, 1.0) == pytest.approx(1.5)
+    assert Backoff(base=1, factor=10, max=60).delay(10_000, 0.0) == 60
+    with pytest.raises(trioq.InvalidJob):
+        Backoff(base=-1)
+    with pytest.raises(trioq.InvalidJob):
+        Backoff(factor=0.5)
+
+
+def test_job_state_is_a_str_enum() -> None:
+    assert JobState.DEAD == "dead"
+    assert [s.value for s in JobState] == ["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
+    assert {s for s in JobState if s.terminal} == {JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED}
