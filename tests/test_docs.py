@@ -1,0 +1,42 @@
+"""The README's promises: its embedding example runs, and its commands exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_embedding_example_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert blocks, "README has no python example"
+    code = blocks[0]
+    assert len(code.strip().splitlines()) <= 25
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 5
+    assert all(line.startswith("succeeded") for line in lines)
+    assert lines[3].startswith("succeeded 2 ")  # 3.png failed once and was retried
+
+
+def test_readme_commands_are_the_contract() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install -e ".[dev]" && trioq demo' in readme
+    assert 'pip install -e ".[dev]" && pytest' in readme
+
+
+def test_trioq_demo_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trioq.cli", "demo", "--jobs", "50"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "succeeded" in proc.stdout and "50" in proc.stdout
