@@ -168,12 +168,19 @@ class Queue:
         """
         deadline = math.inf if timeout is None else trio.current_time() + _number("timeout", timeout)
         while True:
-            job = await self.store.get(job_id)
-            if job.state.terminal:
-                return job
+            # Take the event before reading the job: an outcome that lands
+            # while the store call is in flight must still wake us.
             event = self._waiters.get(job_id)
             if event is None:
                 event = self._waiters[job_id] = trio.Event()
+            try:
+                job = await self.store.get(job_id)
+            except BaseException:
+                if self._waiters.get(job_id) is event and not event.is_set():
+                    del self._waiters[job_id]
+                raise
+            if job.state.terminal:
+                return job
             with trio.move_on_at(deadline):
                 await event.wait()
                 continue
@@ -186,10 +193,11 @@ class Queue:
         same store drains them.
         """
         while True:
+            progress = self._progress
             counts = await self.store.counts()
             if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
                 return
-            await self._progress.wait()
+            await progress.wait()
 
     async def stats(self) -> dict[str, Any]:
         """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers``."""

@@ -267,6 +267,10 @@ class JobTable:
             self._push(entry)
         return entry
 
+    def holds(self, job_id: str, epoch: int) -> bool:
+        """Whether ``epoch`` still owns the running job ``job_id`` (heartbeats ask this)."""
+        return self._running(job_id, epoch) is not None
+
     def release(self, job_id: str, epoch: int) -> Entry | None:
         """Give a running job back to ``ready`` without counting the attempt.
 
@@ -364,8 +368,10 @@ class JobTable:
     # ---------------------------------------------------------------- helpers
 
     def _running(self, job_id: str, epoch: int) -> Entry | None:
-        entry = self.entry(job_id)
-        if entry.state is not _RUNNING or entry.epoch != epoch:
+        # An unknown id is stale too: the job may have been cancelled and
+        # evicted while the attempt that names it was still running.
+        entry = self._jobs.get(job_id)
+        if entry is None or entry.state is not _RUNNING or entry.epoch != epoch:
             return None
         return entry
 

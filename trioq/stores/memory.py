@@ -37,6 +37,7 @@ class MemoryStore:
         else:
             self._table.retention = config.retention
             self._table.max_retained = config.max_retained
+            self._table.evict(config.clock())  # the new bounds hold from the start
         self._config = config
         try:
             yield
@@ -62,7 +63,8 @@ class MemoryStore:
         assert config is not None
         now = config.clock()
         if max_pending is not None:
-            fresh = sum(1 for j in jobs if j.key is None or table.by_key(j.key) is None)
+            new_keys = {j.key for j in jobs if j.key is not None and table.by_key(j.key) is None}
+            fresh = len(new_keys) + sum(1 for j in jobs if j.key is None)
             if fresh and table.pending + fresh > max_pending:
                 raise QueueFull(
                     f"queue is full: {table.pending} jobs waiting, max_ready={max_pending}; retry later",
@@ -96,8 +98,7 @@ class MemoryStore:
         return None if entry is None else entry.snapshot()
 
     async def heartbeat(self, job_id: str, epoch: int) -> bool:
-        entry = self._t.entry(job_id)
-        return entry.state is JobState.RUNNING and entry.epoch == epoch
+        return self._t.holds(job_id, epoch)
 
     async def succeed(self, job_id: str, epoch: int, result: Any) -> Job | None:
         entry = self._t.succeed(job_id, epoch, result, self._now())
