@@ -17,44 +17,54 @@ __all__ = ["Attempt", "JobContext"]
 
 
 class Attempt:
-    """One run of one job by one worker, and the cancel scope that bounds it.
+    """One run of one job by one worker, and the deadline that bounds it.
 
-    The scope's deadline is the earlier of ``started + timeout`` and the last
-    heartbeat plus ``heartbeat_timeout``; :meth:`beat` moves it. Only the trio
-    thread touches this object (thread handlers reach it through
+    The deadline is the earlier of ``started + timeout`` and the last heartbeat
+    plus ``heartbeat_timeout`` (``inf`` without either); :meth:`beat` moves it.
+    ``scope`` is the worker's cancel scope: while the handler runs
+    (``in_handler``), its deadline is this attempt's. Workers reuse one scope
+    across attempts until something cancels it, because entering a fresh
+    ``trio.CancelScope`` per attempt costs more than a whole no-op job. Only the
+    trio thread touches this object (thread handlers reach it through
     :meth:`JobContext.heartbeat`, which hops to trio).
     """
 
-    __slots__ = ("beats", "ended", "heartbeat_timeout", "job", "scope", "task", "timeout_at", "why_cancelled")
+    __slots__ = ("deadline", "ended", "heartbeat_timeout", "in_handler", "job", "scope", "task", "timeout_at")
 
-    def __init__(self, job: Job, task: TaskDef, heartbeat_timeout: float | None) -> None:
-        now = trio.current_time()
+    def __init__(self, job: Job, task: TaskDef, heartbeat_timeout: float | None, scope: trio.CancelScope) -> None:
         self.job = job
         self.task = task
-        self.timeout_at = now + task.timeout if task.timeout is not None else math.inf
+        self.scope = scope
         self.heartbeat_timeout = heartbeat_timeout
-        deadline = self.timeout_at
-        if heartbeat_timeout is not None:
-            deadline = min(deadline, now + heartbeat_timeout)
-        self.scope = trio.CancelScope(deadline=deadline)
-        #: Set once the attempt's outcome is decided (by its worker or the watcher).
+        if task.timeout is None and heartbeat_timeout is None:
+            self.timeout_at = self.deadline = math.inf
+        else:
+            now = trio.current_time()
+            self.timeout_at = now + task.timeout if task.timeout is not None else math.inf
+            self.deadline = self.timeout_at
+            if heartbeat_timeout is not None:
+                self.deadline = min(self.deadline, now + heartbeat_timeout)
+        #: Set once the attempt's outcome is decided (by its worker, the watcher, or a cancel).
         self.ended = False
-        #: Why the scope was cancelled early: "cancelled" by the user, or None.
-        self.why_cancelled: str | None = None
-        self.beats = 0
+        self.in_handler = False
+
+    def set_deadline(self, deadline: float) -> None:
+        """Move the deadline (and the scope's, while the handler runs)."""
+        self.deadline = deadline
+        if self.in_handler:
+            self.scope.deadline = deadline
 
     def beat(self) -> bool:
         """Push the heartbeat deadline out; False once the attempt has ended."""
         if self.ended:
             return False
-        self.beats += 1
         if self.heartbeat_timeout is not None:
-            self.scope.deadline = min(self.timeout_at, trio.current_time() + self.heartbeat_timeout)
+            self.set_deadline(min(self.timeout_at, trio.current_time() + self.heartbeat_timeout))
         return True
 
     def deadline_error(self) -> str:
         """The error text for an attempt stopped by its deadline: timed out, or hung."""
-        if self.timeout_at <= self.scope.deadline:
+        if self.timeout_at <= self.deadline:
             return f"AttemptTimeout: attempt timed out after {self.task.timeout:g}s"
         return f"AttemptHung: attempt hung: no heartbeat for {self.heartbeat_timeout:g}s"
 

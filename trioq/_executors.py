@@ -26,7 +26,7 @@ import os
 import struct
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -164,11 +164,10 @@ class ProcessRunner:
         self._unbounded = trio.CapacityLimiter(math.inf)
         self._board: HeartbeatBoard | None = None
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one CPU's worth of process capacity."""
-        async with self._cpus:
-            yield
+    @property
+    def cpus(self) -> trio.CapacityLimiter:
+        """One token per CPU: hold one while a process attempt runs."""
+        return self._cpus
 
     async def call(self, fn: Callable[..., Any], attempt: Attempt, slot: int, payload: dict[str, Any]) -> Any:
         import trio_parallel
@@ -185,8 +184,8 @@ class ProcessRunner:
         # Starting a worker process can take longer than a heartbeat period;
         # the heartbeat clock starts with the child's first beat (sent by
         # _invoke before the handler runs), within PROCESS_START_ALLOWANCE.
-        attempt.scope.deadline = min(
-            attempt.timeout_at, trio.current_time() + attempt.heartbeat_timeout + PROCESS_START_ALLOWANCE
+        attempt.set_deadline(
+            min(attempt.timeout_at, trio.current_time() + attempt.heartbeat_timeout + PROCESS_START_ALLOWANCE)
         )
         poll_every = max(attempt.heartbeat_timeout / 4, 0.005)
 

@@ -216,8 +216,16 @@ class Registry:
         try:
             return self._tasks[name]
         except KeyError:
-            known = ", ".join(sorted(self._tasks)) or "none"
-            raise UnknownTask(f"no task named {name!r} is registered (known: {known})") from None
+            raise self.unknown(name) from None
+
+    def get(self, name: str) -> TaskDef | None:
+        """The task named ``name``, or ``None``."""
+        return self._tasks.get(name)
+
+    def unknown(self, name: str) -> UnknownTask:
+        """The error for a task name this registry does not know."""
+        known = ", ".join(sorted(self._tasks)) or "none"
+        return UnknownTask(f"no task named {name!r} is registered (known: {known})")
 
     def __contains__(self, name: object) -> bool:
         return name in self._tasks

@@ -13,10 +13,9 @@ attempts are ever live.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -56,9 +55,27 @@ class Totals:
 
 @attrs.define(eq=False)
 class _Worker:
+    """One worker task's state: the job it holds (claimed, not yet settled)."""
+
     slot: int
+    job: Job | None = None
+    task: TaskDef | None = None
     attempt: Attempt | None = None
     stuck: bool = False
+
+
+#: The error marker for "the worker's scope stopped the handler" (deadline or cancel).
+_DEADLINE = "<deadline>"
+_JSON_SCALARS = (type(None), bool, int, str)
+
+
+def _without_cancelled(exc: BaseException) -> BaseException | None:
+    """``exc`` with every ``trio.Cancelled`` taken out, or ``None`` if nothing else is left."""
+    if isinstance(exc, trio.Cancelled):
+        return None
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1]
+    return exc
 
 
 class WorkerPool:
@@ -165,11 +182,10 @@ class WorkerPool:
         if found is None or found[0].job.epoch != epoch:
             return
         attempt = found[0]
-        attempt.ended = True
-        attempt.why_cancelled = "cancelled"
-        attempt.scope.deadline = trio.current_time()
+        attempt.ended = True  # the store already recorded the outcome: cancelled
+        attempt.set_deadline(trio.current_time())
         attempt.scope.cancel()
-        self._watch(attempt.scope.deadline)
+        self._watch(attempt.deadline)
 
     def stats(self) -> dict[str, int]:
         busy = sum(1 for attempt, worker in self._attempts.values() if not worker.stuck)
@@ -190,15 +206,19 @@ class WorkerPool:
         me = _Worker(slot)
         self._healthy += 1
         try:
-            while True:
-                job = await self._next_job()
-                if job is None:
-                    return
-                await self._run(me, job)
-                if me.stuck:
-                    return
-                # A handler that never yields must not let one worker starve the rest.
-                await trio.lowlevel.checkpoint()
+            while await self._serve(me):
+                pass
+        except trio.Cancelled:
+            # Shutdown (or the caller) cut the attempt off: give its job back
+            # uncounted, unless its outcome was already decided.
+            job, attempt = me.job, me.attempt
+            if job is not None and (attempt is None or not attempt.ended):
+                if attempt is not None:
+                    attempt.ended = True
+                with trio.CancelScope(shield=True):
+                    if await self._store.release(job.id, job.epoch) is not None:
+                        self._totals.released += 1
+            raise
         except Exception as exc:  # handler errors never get here: only the store's
             self._crash(exc)
         finally:
@@ -208,6 +228,28 @@ class WorkerPool:
                 self._healthy -= 1
                 if self._stopping and self._healthy == 0:
                     self._drained.set()
+
+    async def _serve(self, me: _Worker) -> bool:
+        """Run attempts inside one cancel scope until a deadline or cancel spends it.
+
+        Returns whether the worker should go on (with a fresh scope).
+        """
+        with trio.CancelScope() as scope:
+            while True:
+                job = await self._next_job()
+                if job is None:
+                    return False
+                me.job = job
+                result, error = await self._attempt(me, scope, job)
+                if scope.cancel_called:
+                    break  # settle outside the spent scope
+                await self._settle(me, result, error)
+                if me.stuck:
+                    return False
+                # A handler that never yields must not let one worker starve the rest.
+                await trio.lowlevel.checkpoint()
+        await self._settle(me, result, error)
+        return not me.stuck
 
     async def _next_job(self) -> Job | None:
         store = self._store
@@ -224,68 +266,81 @@ class WorkerPool:
                 await self._lot.park()
         return None
 
-    async def _run(self, me: _Worker, job: Job) -> None:
-        try:
-            task = self._registry[job.task]
-        except LookupError as exc:
-            await self._fail(job, None, error_text(exc))
-            return
-        heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
-        attempt: Attempt | None = None
-        try:
-            async with self._room(task):
-                attempt = Attempt(job, task, heartbeat_timeout)
-                me.attempt = attempt
-                self._attempts[job.id] = (attempt, me)
-                self._watch(attempt.scope.deadline)
-                error: str | None = None
-                result: Any = None
-                try:
-                    with attempt.scope:
-                        result = await self._call(task, attempt, me.slot, job.payload)
-                except Exception as exc:
-                    error = error_text(exc)
-                finally:
-                    me.attempt = None
-                    if self._attempts.get(job.id, (None,))[0] is attempt:
-                        del self._attempts[job.id]
-        except trio.Cancelled:
-            if attempt is None or not attempt.ended:
-                if attempt is not None:
-                    attempt.ended = True
-                with trio.CancelScope(shield=True):
-                    if await self._store.release(job.id, job.epoch) is not None:
-                        self._totals.released += 1
-            raise
-        if attempt.ended:
-            return  # the watcher or a cancel already decided this attempt's outcome
-        attempt.ended = True
-        if attempt.scope.cancelled_caught:
-            error = attempt.deadline_error()
-            if error.startswith("AttemptTimeout"):
-                self._totals.timed_out += 1
-            else:
-                self._totals.hung += 1
-        if error is None:
-            try:
-                check_json(result, what="result")
-            except ValueError as exc:
-                error = error_text(exc)
-        if error is None:
-            done = await self._store.succeed(job.id, job.epoch, result)
-            if done is not None:
-                self._totals.succeeded += 1
-                self._on_outcome(done)
-        else:
-            await self._fail(job, task, error)
+    async def _attempt(self, me: _Worker, scope: trio.CancelScope, job: Job) -> tuple[Any, str | None]:
+        """Run the handler once; returns ``(result, error)``.
 
-    @contextlib.asynccontextmanager
-    async def _room(self, task: TaskDef) -> AsyncIterator[None]:
+        ``error`` is ``_DEADLINE`` when the scope stopped the handler. Only a
+        cancellation from outside the worker propagates.
+        """
+        task = self._registry.get(job.task)
+        if task is None:
+            me.attempt = None
+            me.task = None
+            return None, error_text(self._registry.unknown(job.task))
+        me.task = task
         if task.kind == "process":
-            async with self._processes.slot():
-                yield
-        else:
-            yield
+            async with self._processes.cpus:
+                return await self._run_handler(me, scope, job, task)
+        return await self._run_handler(me, scope, job, task)
+
+    async def _run_handler(
+        self, me: _Worker, scope: trio.CancelScope, job: Job, task: TaskDef
+    ) -> tuple[Any, str | None]:
+        heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
+        attempt = Attempt(job, task, heartbeat_timeout, scope)
+        me.attempt = attempt
+        self._attempts[job.id] = (attempt, me)
+        if attempt.deadline != math.inf:
+            scope.deadline = attempt.deadline
+            self._watch(attempt.deadline)
+        attempt.in_handler = True
+        try:
+            return await self._call(task, attempt, me.slot, job.payload), None
+        except BaseException as exc:
+            if scope.cancel_called:
+                rest = _without_cancelled(exc)
+                if rest is None:
+                    return None, _DEADLINE
+                return None, error_text(rest)
+            if isinstance(exc, Exception):
+                return None, error_text(exc)
+            raise
+        finally:
+            attempt.in_handler = False
+            if scope.deadline != math.inf:
+                scope.deadline = math.inf
+            if self._attempts.get(job.id, (None,))[0] is attempt:
+                del self._attempts[job.id]
+
+    async def _settle(self, me: _Worker, result: Any, error: str | None) -> None:
+        """Record the outcome of ``me``'s attempt under its epoch, unless already decided."""
+        job, attempt, task = me.job, me.attempt, me.task
+        assert job is not None
+        try:
+            if attempt is not None:
+                if attempt.ended:
+                    return  # the watcher or a cancel already decided it
+                attempt.ended = True
+                if error is _DEADLINE:
+                    error = attempt.deadline_error()
+                    if error.startswith("AttemptTimeout"):
+                        self._totals.timed_out += 1
+                    else:
+                        self._totals.hung += 1
+            if error is None and type(result) not in _JSON_SCALARS:
+                try:
+                    check_json(result, what="result")
+                except ValueError as exc:
+                    error = error_text(exc)
+            if error is None:
+                done = await self._store.succeed(job.id, job.epoch, result)
+                if done is not None:
+                    self._totals.succeeded += 1
+                    self._on_outcome(done)
+            else:
+                await self._fail(job, task, error)
+        finally:
+            me.job = me.attempt = me.task = None
 
     async def _call(self, task: TaskDef, attempt: Attempt, slot: int, payload: dict[str, Any]) -> Any:
         if task.kind == "async":
@@ -328,7 +383,7 @@ class WorkerPool:
             now = trio.current_time()
             next_at = math.inf
             for attempt, worker in list(self._attempts.values()):
-                stuck_at = attempt.scope.deadline + STUCK_GRACE
+                stuck_at = attempt.deadline + STUCK_GRACE
                 if now >= stuck_at:
                     await self._declare_stuck(attempt, worker)
                 else:
