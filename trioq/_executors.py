@@ -35,18 +35,13 @@ import trio
 from ._context import Attempt, JobContext
 from ._model import Job
 
-__all__ = ["ProcessJobContext", "ProcessRunner", "ThreadRunner", "call_async"]
+__all__ = ["ProcessJobContext", "ProcessRunner", "ThreadRunner"]
 
 _COUNTER = struct.Struct("<Q")
 
 #: Seconds a process attempt may take to start (spawning a worker process)
 #: before its heartbeat deadline applies.
 PROCESS_START_ALLOWANCE = 10.0
-
-
-async def call_async(fn: Callable[..., Any], ctx: JobContext, payload: dict[str, Any]) -> Any:
-    """Await an async handler in the current task."""
-    return await fn(ctx, **payload)
 
 
 class ThreadRunner:

@@ -87,6 +87,7 @@ class Queue:
         )
         self._waiters: dict[str, trio.Event] = {}
         self._progress = trio.Event()
+        self._joiners = 0
         self._closing = False
         self._timer_at = math.inf
         self._timer_scope: trio.CancelScope | None = None
@@ -192,12 +193,18 @@ class Queue:
         With ``workers=0`` and pending jobs this waits until another queue on the
         same store drains them.
         """
-        while True:
-            progress = self._progress
-            counts = await self.store.counts()
-            if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
-                return
-            await progress.wait()
+        self._joiners += 1
+        try:
+            while True:
+                progress = self._progress
+                if progress.is_set():
+                    progress = self._progress = trio.Event()
+                counts = await self.store.counts()
+                if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
+                    return
+                await progress.wait()
+        finally:
+            self._joiners -= 1
 
     async def stats(self) -> dict[str, Any]:
         """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers``."""
@@ -216,7 +223,7 @@ class Queue:
             self._pool.cancel_attempt(job_id, outcome.running_epoch)
         if outcome.changed:
             self._totals.cancelled += 1
-            self._outcome(outcome.job)
+            self._outcome(job_id, True)
         return outcome.job
 
     async def retry(self, job_id: str) -> Job:
@@ -236,13 +243,13 @@ class Queue:
         if self._closing:
             raise TrioqError("the queue is shutting down; it accepts no new work")
 
-    def _outcome(self, job: Job) -> None:
-        if job.state.terminal:
-            event = self._waiters.pop(job.id, None)
+    def _outcome(self, job_id: str, terminal: bool) -> None:
+        if terminal:
+            event = self._waiters.pop(job_id, None)
             if event is not None:
                 event.set()
-        self._progress.set()
-        self._progress = trio.Event()
+        if self._joiners:
+            self._progress.set()  # join() swaps in a fresh event when it looks again
 
     def _scheduled(self, run_at: float) -> None:
         at = run_at - self._offset + _TIMER_SLACK

@@ -215,11 +215,26 @@ class JobTable:
         return entry, True
 
     def claim_next(self, now: float) -> Entry | None:
-        """Claim the best ready job at ``now`` (promoting due scheduled jobs first)."""
-        entry = self.peek(now)
-        if entry is None:
-            return None
-        return self.claim(entry.id)
+        """Claim the best ready job at ``now`` (promoting due scheduled jobs first).
+
+        The same transition as :meth:`claim`, unrolled: this is the hot path.
+        """
+        scheduled = self._scheduled
+        if scheduled and scheduled[0][0] <= now:
+            self.promote(now)
+        ready = self._ready
+        while ready:
+            item = heapq.heappop(ready)
+            entry = item[3]
+            if entry.slot is item:
+                counts = self._counts
+                counts[_READY] -= 1
+                counts[_RUNNING] += 1
+                entry.state = _RUNNING
+                entry.slot = None
+                entry.epoch += 1
+                return entry
+        return None
 
     def claim(self, job_id: str) -> Entry:
         """Move a ready (or scheduled) job to ``running`` under a new epoch.

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from ._context import Attempt, JobContext
-from ._executors import ProcessRunner, ThreadRunner, call_async
+from ._executors import ProcessRunner, ThreadRunner
 from ._model import Backoff, Job, JobState, check_json, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
@@ -62,7 +62,11 @@ class _Worker:
     task: TaskDef | None = None
     attempt: Attempt | None = None
     stuck: bool = False
+    unyielded: int = 0
 
+
+#: A worker checkpoints after this many jobs in a row (see _serve).
+_JOBS_PER_CHECKPOINT = 4
 
 #: The error marker for "the worker's scope stopped the handler" (deadline or cancel).
 _DEADLINE = "<deadline>"
@@ -81,8 +85,8 @@ def _without_cancelled(exc: BaseException) -> BaseException | None:
 class WorkerPool:
     """``size`` workers sharing one store, plus the watcher that replaces stuck ones.
 
-    ``clock`` is the wall clock the store uses; ``on_outcome(job)`` is called with
-    every job whose attempt was recorded (success, failure, death).
+    ``clock`` is the wall clock the store uses; ``on_outcome(job_id, terminal)`` is
+    called for every attempt outcome recorded (success, failure, death).
     """
 
     def __init__(
@@ -94,7 +98,7 @@ class WorkerPool:
         heartbeat_timeout: float | None,
         clock: Callable[[], float],
         totals: Totals,
-        on_outcome: Callable[[Job], None],
+        on_outcome: Callable[[str, bool], None],
     ) -> None:
         self.size = size
         self._registry = registry
@@ -240,14 +244,23 @@ class WorkerPool:
                 if job is None:
                     return False
                 me.job = job
-                result, error = await self._attempt(me, scope, job)
+                task = me.task = self._registry.get(job.task)
+                if task is not None and task.kind != "process":
+                    result, error = await self._run_handler(me, scope, job, task)
+                else:
+                    result, error = await self._attempt_elsewhere(me, scope, job, task)
                 if scope.cancel_called:
                     break  # settle outside the spent scope
                 await self._settle(me, result, error)
                 if me.stuck:
                     return False
-                # A handler that never yields must not let one worker starve the rest.
-                await trio.lowlevel.checkpoint()
+                # Handlers that never yield must not let one worker starve the
+                # rest of the program; a checkpoint per job would cost as much
+                # as the job itself, so take one every few jobs.
+                me.unyielded += 1
+                if me.unyielded >= _JOBS_PER_CHECKPOINT:
+                    me.unyielded = 0
+                    await trio.lowlevel.checkpoint()
         await self._settle(me, result, error)
         return not me.stuck
 
@@ -266,22 +279,14 @@ class WorkerPool:
                 await self._lot.park()
         return None
 
-    async def _attempt(self, me: _Worker, scope: trio.CancelScope, job: Job) -> tuple[Any, str | None]:
-        """Run the handler once; returns ``(result, error)``.
-
-        ``error`` is ``_DEADLINE`` when the scope stopped the handler. Only a
-        cancellation from outside the worker propagates.
-        """
-        task = self._registry.get(job.task)
+    async def _attempt_elsewhere(
+        self, me: _Worker, scope: trio.CancelScope, job: Job, task: TaskDef | None
+    ) -> tuple[Any, str | None]:
+        """An attempt that is not a plain handler call: a process, or an unknown task."""
         if task is None:
-            me.attempt = None
-            me.task = None
             return None, error_text(self._registry.unknown(job.task))
-        me.task = task
-        if task.kind == "process":
-            async with self._processes.cpus:
-                return await self._run_handler(me, scope, job, task)
-        return await self._run_handler(me, scope, job, task)
+        async with self._processes.cpus:  # wait for a CPU before the deadline starts
+            return await self._run_handler(me, scope, job, task)
 
     async def _run_handler(
         self, me: _Worker, scope: trio.CancelScope, job: Job, task: TaskDef
@@ -295,7 +300,12 @@ class WorkerPool:
             self._watch(attempt.deadline)
         attempt.in_handler = True
         try:
-            return await self._call(task, attempt, me.slot, job.payload), None
+            kind = task.kind
+            if kind == "async":
+                return await task.fn(JobContext(job, attempt), **job.payload), None
+            if kind == "thread":
+                return await self._threads.call(task.fn, JobContext(job, attempt), job.payload), None
+            return await self._processes.call(task.fn, attempt, me.slot, job.payload), None
         except BaseException as exc:
             if scope.cancel_called:
                 rest = _without_cancelled(exc)
@@ -333,21 +343,13 @@ class WorkerPool:
                 except ValueError as exc:
                     error = error_text(exc)
             if error is None:
-                done = await self._store.succeed(job.id, job.epoch, result)
-                if done is not None:
+                if await self._store.succeed(job.id, job.epoch, result):
                     self._totals.succeeded += 1
-                    self._on_outcome(done)
+                    self._on_outcome(job.id, True)
             else:
                 await self._fail(job, task, error)
         finally:
             me.job = me.attempt = me.task = None
-
-    async def _call(self, task: TaskDef, attempt: Attempt, slot: int, payload: dict[str, Any]) -> Any:
-        if task.kind == "async":
-            return await call_async(task.fn, JobContext(attempt.job, attempt), payload)
-        if task.kind == "thread":
-            return await self._threads.call(task.fn, JobContext(attempt.job, attempt), payload)
-        return await self._processes.call(task.fn, attempt, slot, payload)
 
     async def _fail(self, job: Job, task: TaskDef | None, error: str) -> None:
         backoff = task.backoff if task is not None else _DEFAULT_BACKOFF
@@ -360,7 +362,7 @@ class WorkerPool:
             self._totals.dead += 1
         else:
             self._totals.retried += 1
-        self._on_outcome(failed)
+        self._on_outcome(failed.id, failed.state is JobState.DEAD)
 
     # -------------------------------------------------------------- watcher
 

@@ -275,8 +275,8 @@ async def test_succeed(store: Store, store_factory: StoreFactory) -> None:
     await store.add([store_factory.job()])
     claimed = await claim_one(store)
     store_factory.clock.advance(2.5)
-    done = await store.succeed(claimed.id, claimed.epoch, {"sent": True})
-    assert done is not None
+    assert await store.succeed(claimed.id, claimed.epoch, {"sent": True}) is True
+    done = await store.get(claimed.id)
     assert done.state is JobState.SUCCEEDED
     assert done.attempts == 1
     assert done.result == {"sent": True}
@@ -298,7 +298,7 @@ async def _requeued(store: Store, store_factory: StoreFactory) -> tuple[Job, Job
 async def test_stale_succeed_returns_none(store: Store, store_factory: StoreFactory) -> None:
     old, current = await _requeued(store, store_factory)
     before = await store.get(current.id)
-    assert await store.succeed(old.id, old.epoch, "late") is None
+    assert await store.succeed(old.id, old.epoch, "late") is False
     assert await store.get(current.id) == before
     assert await store.counts() == zero_counts(running=1)
 
@@ -325,8 +325,9 @@ async def test_stale_release_returns_none(store: Store, store_factory: StoreFact
 async def test_completion_of_finished_job_returns_none(store: Store, store_factory: StoreFactory) -> None:
     await store.add([store_factory.job()])
     claimed = await claim_one(store)
-    done = await store.succeed(claimed.id, claimed.epoch, 1)
-    assert await store.succeed(claimed.id, claimed.epoch, 2) is None
+    assert await store.succeed(claimed.id, claimed.epoch, 1) is True
+    done = await store.get(claimed.id)
+    assert await store.succeed(claimed.id, claimed.epoch, 2) is False
     assert await store.fail(claimed.id, claimed.epoch, "E", store_factory.clock.now) is None
     assert await store.release(claimed.id, claimed.epoch) is None
     assert await store.get(claimed.id) == done
@@ -434,7 +435,7 @@ async def test_cancel_running_returns_its_epoch(store: Store, store_factory: Sto
     assert outcome.job.state is JobState.CANCELLED
     # The attempt that was running can no longer finish the job.
     assert await store.heartbeat(claimed.id, claimed.epoch) is False
-    assert await store.succeed(claimed.id, claimed.epoch, "late") is None
+    assert await store.succeed(claimed.id, claimed.epoch, "late") is False
     assert (await store.get(claimed.id)).state is JobState.CANCELLED
     assert (await store.get(claimed.id)).result is None
 
@@ -442,7 +443,8 @@ async def test_cancel_running_returns_its_epoch(store: Store, store_factory: Sto
 async def test_cancel_terminal_changes_nothing(store: Store, store_factory: StoreFactory) -> None:
     await store.add([store_factory.job()])
     claimed = await claim_one(store)
-    done = await store.succeed(claimed.id, claimed.epoch, 7)
+    assert await store.succeed(claimed.id, claimed.epoch, 7) is True
+    done = await store.get(claimed.id)
     store_factory.clock.advance(3.0)
     outcome = await store.cancel(claimed.id)
     assert outcome == CancelResult(done, False, None)
@@ -620,8 +622,8 @@ async def test_reopen_keeps_jobs_and_releases_running(store_factory: StoreFactor
         (done,) = await store.add([done_spec])
         finished = await claim_one(store)
         assert finished.id == done.id
-        done = await store.succeed(finished.id, finished.epoch, "r")
-        assert done is not None
+        assert await store.succeed(finished.id, finished.epoch, "r") is True
+        done = await store.get(finished.id)
 
     store_factory.signals.clear()
     async with store_factory.session(store_factory.reopen(first_store)) as store:
@@ -636,7 +638,7 @@ async def test_reopen_keeps_jobs_and_releases_running(store_factory: StoreFactor
         assert same.id == waiting.id
         assert await store.counts() == zero_counts(ready=2, scheduled=1, succeeded=1)
         # The attempt cut off by the old session cannot complete the job.
-        assert await store.succeed(claimed.id, claimed.epoch, "late") is None
+        assert await store.succeed(claimed.id, claimed.epoch, "late") is False
         again = await claim_one(store)
         assert again.id == running.id
         assert again.epoch > claimed.epoch
@@ -665,7 +667,7 @@ async def test_completing_an_evicted_job_is_refused_like_a_stale_epoch(store_fac
         with pytest.raises(JobNotFound):
             await store.get(job.id)  # max_retained=0: gone at once
         assert await store.heartbeat(job.id, claimed.epoch) is False
-        assert await store.succeed(job.id, claimed.epoch, "late") is None
+        assert await store.succeed(job.id, claimed.epoch, "late") is False
         assert await store.fail(job.id, claimed.epoch, "E: late", store_factory.clock.now) is None
         assert await store.release(job.id, claimed.epoch) is None
 

@@ -82,7 +82,7 @@ class Store(Protocol):
 
     Epoch rules: :meth:`claim` returns the job under a new epoch; :meth:`succeed`,
     :meth:`fail`, :meth:`release` and :meth:`heartbeat` name that epoch and are
-    refused (``None`` / ``False``) once it is stale, so an attempt that lost its
+    refused (``False`` / ``None``) once it is stale, so an attempt that lost its
     job can never complete it.
     """
 
@@ -106,8 +106,12 @@ class Store(Protocol):
         """Whether ``epoch`` still owns the running job ``job_id``."""
         ...
 
-    async def succeed(self, job_id: str, epoch: int, result: Any) -> Job | None:
-        """Record success; ``None`` (and nothing changes) if the epoch is stale."""
+    async def succeed(self, job_id: str, epoch: int, result: Any) -> bool:
+        """Record success; ``False`` (and nothing changes) if the epoch is stale.
+
+        Returns a flag, not a snapshot: this is the hottest call of a drain, and
+        the caller knows the outcome already.
+        """
         ...
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:

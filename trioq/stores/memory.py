@@ -94,15 +94,17 @@ class MemoryStore:
         return out
 
     async def claim(self) -> Job | None:
-        entry = self._t.claim_next(self._now())
+        table = self._table
+        if table is None or self._config is None:
+            raise RuntimeError("MemoryStore is not open; use it through trioq.open_queue")
+        entry = table.claim_next(self._config.clock())
         return None if entry is None else entry.snapshot()
 
     async def heartbeat(self, job_id: str, epoch: int) -> bool:
         return self._t.holds(job_id, epoch)
 
-    async def succeed(self, job_id: str, epoch: int, result: Any) -> Job | None:
-        entry = self._t.succeed(job_id, epoch, result, self._now())
-        return None if entry is None else entry.snapshot()
+    async def succeed(self, job_id: str, epoch: int, result: Any) -> bool:
+        return self._t.succeed(job_id, epoch, result, self._now()) is not None
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
         entry = self._t.fail(job_id, epoch, error, retry_at, self._now())
