@@ -20,6 +20,7 @@ a transition from the wrong state raises :class:`~trioq.InvalidJob`.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,7 +45,10 @@ class Entry:
     ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is the heap
     item that currently stands for this job in the ready or scheduled heap, or
     ``None``; a heap item whose entry no longer points back at it is stale and
-    is skipped when it surfaces (lazy deletion keeps cancel O(1)).
+    is skipped when it surfaces (lazy deletion keeps cancel O(1)). Heap items
+    name the job by id rather than holding the entry: a tuple of plain values
+    is not tracked by Python's cyclic GC, which otherwise spends a growing
+    share of enqueue time rescanning a large backlog.
     """
 
     id: str
@@ -63,11 +67,6 @@ class Entry:
     result: Any = None
     error: str | None = None
     slot: tuple[Any, ...] | None = None
-
-    def __lt__(self, other: Entry) -> bool:
-        # Heap items end with the entry; a stale item and a fresh one for the
-        # same job can tie on every field before it. Either order is fine.
-        return False
 
     def snapshot(self) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now."""
@@ -108,11 +107,13 @@ class JobTable:
         self.max_retained = max_retained
         self._jobs: dict[str, Entry] = {}
         self._keys: dict[str, Entry] = {}
-        # (-priority, run_at, seq, entry) and (run_at, seq, entry); see Entry.slot.
-        self._ready: list[tuple[int, float, int, Entry]] = []
-        self._scheduled: list[tuple[float, int, Entry]] = []
+        # (-priority, run_at, seq, id) and (run_at, seq, id); see Entry.slot.
+        self._ready: list[tuple[int, float, int, str]] = []
+        self._scheduled: list[tuple[float, int, str]] = []
         # Terminal jobs in the order they finished (dicts keep insertion order).
-        self._terminal: dict[str, Entry] = {}
+        # An OrderedDict, not a dict: popping the oldest of a dict that has
+        # been deleted from at the front rescans the dead slots (O(n) each).
+        self._terminal: OrderedDict[str, Entry] = OrderedDict()
         self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self._next_seq = 0
 
@@ -161,7 +162,8 @@ class JobTable:
         heap = self._scheduled
         while heap:
             item = heap[0]
-            if item[2].slot is item:
+            entry = self._jobs.get(item[2])
+            if entry is not None and entry.slot is item:
                 return item[0]
             heapq.heappop(heap)
         return None
@@ -172,8 +174,9 @@ class JobTable:
         heap = self._ready
         while heap:
             item = heap[0]
-            if item[3].slot is item:
-                return item[3]
+            entry = self._jobs.get(item[3])
+            if entry is not None and entry.slot is item:
+                return entry
             heapq.heappop(heap)
         return None
 
@@ -223,10 +226,11 @@ class JobTable:
         if scheduled and scheduled[0][0] <= now:
             self.promote(now)
         ready = self._ready
+        jobs = self._jobs
         while ready:
             item = heapq.heappop(ready)
-            entry = item[3]
-            if entry.slot is item:
+            entry = jobs.get(item[3])
+            if entry is not None and entry.slot is item:
                 counts = self._counts
                 counts[_READY] -= 1
                 counts[_RUNNING] += 1
@@ -337,8 +341,8 @@ class JobTable:
         promoted = 0
         while heap and heap[0][0] <= now:
             item = heapq.heappop(heap)
-            entry = item[2]
-            if entry.slot is not item:
+            entry = self._jobs.get(item[2])
+            if entry is None or entry.slot is not item:
                 continue
             self._move(entry, _READY)
             self._push(entry)
@@ -404,14 +408,14 @@ class JobTable:
         # The count bound holds at every moment, not just after evict(); being
         # part of the transition, replay reproduces it without a record.
         while len(terminal) > self.max_retained:
-            self.drop(next(iter(terminal)))
+            self.drop(next(iter(terminal)))  # O(1) on an OrderedDict
 
     def _push(self, entry: Entry) -> None:
         if entry.state is _READY:
-            ready = (-entry.priority, entry.run_at, entry.seq, entry)
+            ready = (-entry.priority, entry.run_at, entry.seq, entry.id)
             entry.slot = ready
             heapq.heappush(self._ready, ready)
         else:
-            scheduled = (entry.run_at, entry.seq, entry)
+            scheduled = (entry.run_at, entry.seq, entry.id)
             entry.slot = scheduled
             heapq.heappush(self._scheduled, scheduled)
