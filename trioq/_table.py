@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from ._model import InvalidJob, Job, JobNotFound, JobState
+from ._ready import ReadyQueue
 
 __all__ = ["Entry", "JobTable"]
 
@@ -107,8 +108,8 @@ class JobTable:
         self.max_retained = max_retained
         self._jobs: dict[str, Entry] = {}
         self._keys: dict[str, Entry] = {}
-        # (-priority, run_at, seq, id) and (run_at, seq, id); see Entry.slot.
-        self._ready: list[tuple[int, float, int, str]] = []
+        # Items are (run_at, seq, id) in both; see Entry.slot.
+        self._ready = ReadyQueue()
         self._scheduled: list[tuple[float, int, str]] = []
         # Terminal jobs in the order they finished (dicts keep insertion order).
         # An OrderedDict, not a dict: popping the oldest of a dict that has
@@ -171,13 +172,12 @@ class JobTable:
     def peek(self, now: float) -> Entry | None:
         """The job :meth:`claim_next` would claim at ``now``, without claiming it."""
         self.promote(now)
-        heap = self._ready
-        while heap:
-            item = heap[0]
-            entry = self._jobs.get(item[3])
+        ready = self._ready
+        while (item := ready.first()) is not None:
+            entry = self._jobs.get(item[2])
             if entry is not None and entry.slot is item:
                 return entry
-            heapq.heappop(heap)
+            ready.pop()
         return None
 
     # ------------------------------------------------------------- transitions
@@ -227,9 +227,8 @@ class JobTable:
             self.promote(now)
         ready = self._ready
         jobs = self._jobs
-        while ready:
-            item = heapq.heappop(ready)
-            entry = jobs.get(item[3])
+        while (item := ready.pop()) is not None:
+            entry = jobs.get(item[2])
             if entry is not None and entry.slot is item:
                 counts = self._counts
                 counts[_READY] -= 1
@@ -412,9 +411,9 @@ class JobTable:
 
     def _push(self, entry: Entry) -> None:
         if entry.state is _READY:
-            ready = (-entry.priority, entry.run_at, entry.seq, entry.id)
+            ready = (entry.run_at, entry.seq, entry.id)
             entry.slot = ready
-            heapq.heappush(self._ready, ready)
+            self._ready.push(entry.priority, ready)
         else:
             scheduled = (entry.run_at, entry.seq, entry.id)
             entry.slot = scheduled
