@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -117,6 +117,9 @@ class JobTable:
         self._terminal: OrderedDict[str, Entry] = OrderedDict()
         self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self._next_seq = 0
+        #: Called with the id of each job dropped by the ``max_retained`` bound
+        #: inside a transition (a durable store logs these drops).
+        self.on_overflow_drop: Callable[[str], None] | None = None
 
     # ----------------------------------------------------------------- queries
 
@@ -379,6 +382,66 @@ class JobTable:
         if entry.key is not None and self._keys.get(entry.key) is entry:
             del self._keys[entry.key]
 
+    # -------------------------------------------------------------- recovery
+
+    def clear(self) -> None:
+        """Forget every job (a checkpoint being replayed rebuilds the table)."""
+        self._jobs.clear()
+        self._keys.clear()
+        self._ready = ReadyQueue()
+        self._scheduled.clear()
+        self._terminal.clear()
+        self._counts = dict.fromkeys(JobState, 0)
+        self._next_seq = 0
+
+    def export(self) -> list[Entry]:
+        """Every entry, in an order :meth:`restore` can rebuild the table from.
+
+        Non-terminal jobs first, then terminal ones in the order they finished
+        (so the retention order survives a checkpoint).
+        """
+        live = [e for e in self._jobs.values() if not e.state.terminal]
+        return live + list(self._terminal.values())
+
+    def restore(
+        self,
+        job_id: str,
+        task: str,
+        payload: dict[str, Any],
+        state: str,
+        priority: int,
+        key: str | None,
+        max_attempts: int,
+        run_at: float,
+        created_at: float,
+        seq: int,
+        attempts: int,
+        epoch: int,
+        finished_at: float | None,
+        result: Any,
+        error: str | None,
+    ) -> Entry:
+        """Insert a job exactly as a checkpoint recorded it, in any state."""
+        if job_id in self._jobs:
+            raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
+        job_state = JobState(state)
+        entry = Entry(job_id, task, payload, job_state, priority, key, max_attempts, run_at, created_at, seq)
+        entry.attempts = attempts
+        entry.epoch = epoch
+        entry.finished_at = finished_at
+        entry.result = result
+        entry.error = error
+        self._jobs[job_id] = entry
+        if key is not None:
+            self._keys[key] = entry
+        self._counts[job_state] += 1
+        self._next_seq = max(self._next_seq, seq + 1)
+        if job_state.terminal:
+            self._terminal[job_id] = entry
+        elif job_state is not _RUNNING:
+            self._push(entry)
+        return entry
+
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
         return [e for e in self._jobs.values() if e.state is _RUNNING]
@@ -407,7 +470,10 @@ class JobTable:
         # The count bound holds at every moment, not just after evict(); being
         # part of the transition, replay reproduces it without a record.
         while len(terminal) > self.max_retained:
-            self.drop(next(iter(terminal)))  # O(1) on an OrderedDict
+            oldest = next(iter(terminal))  # O(1) on an OrderedDict
+            self.drop(oldest)
+            if self.on_overflow_drop is not None:
+                self.on_overflow_drop(oldest)
 
     def _push(self, entry: Entry) -> None:
         if entry.state is _READY:

@@ -1,0 +1,188 @@
+"""TableStore: the Store protocol over one in-process JobTable.
+
+Every method applies a transition of the pure table, then hands the record of
+that transition to :meth:`TableStore._record` in the same synchronous step
+(so records reach the log in the order the table applied them), then awaits
+:meth:`TableStore._flush` before answering. ``MemoryStore`` records nothing;
+``WALStore`` appends each record to its log and ``_flush`` returns once the
+record is written (and, with ``fsync="always"``, on disk). Recovery replays
+those records through the same table methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._model import Job, JobState, QueueFull
+from .._table import Entry, JobTable
+from ._base import CancelResult, IdMaker, NewJob, StoreConfig
+
+__all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEED", "TableStore"]
+
+# Transition record types, shared with the WAL format.
+ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
+
+
+class TableStore:
+    """Shared body of the in-process stores; subclasses provide ``session``."""
+
+    def __init__(self) -> None:
+        self._table: JobTable | None = None
+        self._config: StoreConfig | None = None
+        self._ids = IdMaker()
+
+    # Hooks ---------------------------------------------------------------
+
+    def _record(self, kind: int, fields: tuple[Any, ...]) -> None:
+        """Log one applied transition (synchronously; no await between apply and this)."""
+
+    async def _flush(self) -> None:
+        """Until every record so far is as durable as the store promises."""
+
+    # Helpers -------------------------------------------------------------
+
+    def _open(self) -> tuple[JobTable, StoreConfig]:
+        table, config = self._table, self._config
+        if table is None or config is None:
+            raise RuntimeError(f"{type(self).__name__} is not open; use it through trioq.open_queue")
+        return table, config
+
+    def _announce(self, entry: Entry) -> None:
+        assert self._config is not None
+        if entry.state is JobState.READY:
+            self._config.on_ready(1)
+        elif entry.state is JobState.SCHEDULED:
+            self._config.on_scheduled(entry.run_at)
+
+    # The Store protocol --------------------------------------------------
+
+    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+        table, config = self._open()
+        now = config.clock()
+        if max_pending is not None:
+            new_keys = {j.key for j in jobs if j.key is not None and table.by_key(j.key) is None}
+            fresh = len(new_keys) + sum(1 for j in jobs if j.key is None)
+            if fresh and table.pending + fresh > max_pending:
+                raise QueueFull(
+                    f"queue is full: {table.pending} jobs waiting, max_ready={max_pending}; retry later",
+                    retry_after=1.0,
+                )
+        out: list[Job] = []
+        ready = 0
+        scheduled: list[float] = []
+        record = self._record
+        for j in jobs:
+            job_id = self._ids()
+            entry, created = table.add(
+                job_id,
+                j.task,
+                j.payload,
+                priority=j.priority,
+                key=j.key,
+                max_attempts=j.max_attempts,
+                run_at=j.run_at,
+                now=now,
+            )
+            if created:
+                record(ADD, (job_id, j.task, j.payload, j.priority, j.key, j.max_attempts, j.run_at, now))
+                if entry.state is JobState.READY:
+                    ready += 1
+                else:
+                    scheduled.append(entry.run_at)
+            out.append(entry.snapshot())
+        await self._flush()
+        for run_at in scheduled:
+            config.on_scheduled(run_at)
+        if ready:
+            config.on_ready(ready)
+        return out
+
+    async def claim(self) -> Job | None:
+        table, config = self._open()
+        entry = table.claim_next(config.clock())
+        if entry is None:
+            return None
+        self._record(CLAIM, (entry.id,))
+        job = entry.snapshot()
+        await self._flush()
+        return job
+
+    async def heartbeat(self, job_id: str, epoch: int) -> bool:
+        table, _ = self._open()
+        return table.holds(job_id, epoch)
+
+    async def succeed(self, job_id: str, epoch: int, result: Any) -> bool:
+        table, config = self._open()
+        now = config.clock()
+        if table.succeed(job_id, epoch, result, now) is None:
+            return False
+        self._record(SUCCEED, (job_id, epoch, result, now))
+        await self._flush()
+        return True
+
+    async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
+        table, config = self._open()
+        now = config.clock()
+        entry = table.fail(job_id, epoch, error, retry_at, now)
+        if entry is None:
+            return None
+        self._record(FAIL, (job_id, epoch, error, retry_at, now))
+        job = entry.snapshot()
+        await self._flush()
+        self._announce(entry)
+        return job
+
+    async def release(self, job_id: str, epoch: int) -> Job | None:
+        table, _ = self._open()
+        entry = table.release(job_id, epoch)
+        if entry is None:
+            return None
+        self._record(RELEASE, (job_id, epoch))
+        job = entry.snapshot()
+        await self._flush()
+        self._announce(entry)
+        return job
+
+    async def get(self, job_id: str) -> Job:
+        table, _ = self._open()
+        return table.get(job_id)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        table, config = self._open()
+        now = config.clock()
+        entry, changed, running_epoch = table.cancel(job_id, now)
+        if changed:
+            self._record(CANCEL, (job_id, now))
+        result = CancelResult(entry.snapshot(), changed, running_epoch)
+        await self._flush()
+        return result
+
+    async def retry(self, job_id: str) -> Job:
+        table, config = self._open()
+        now = config.clock()
+        entry = table.retry(job_id, now)
+        self._record(RETRY, (job_id, now))
+        job = entry.snapshot()
+        await self._flush()
+        self._announce(entry)
+        return job
+
+    async def promote(self) -> float | None:
+        table, config = self._open()
+        promoted = table.promote(config.clock())
+        if promoted:
+            config.on_ready(promoted)
+        return table.next_run_at()
+
+    async def evict(self) -> int:
+        table, config = self._open()
+        evicted = table.evict(config.clock())
+        for job_id in evicted:
+            self._record(DROP, (job_id,))
+        await self._flush()
+        return len(evicted)
+
+    async def counts(self) -> dict[str, int]:
+        table, _ = self._open()
+        return table.counts()

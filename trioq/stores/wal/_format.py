@@ -1,0 +1,237 @@
+"""The on-disk format of the write-ahead log: segments, records, commit markers.
+
+A log is a directory of segment files named ``NNNNNNNNNNNNNNNNNNNN.wal`` (the
+segment number, zero-padded). Each segment opens with a header::
+
+    magic b"TRIOQWAL" | format version u16 | segment number u64 | CRC32C of those u32
+
+and then holds records, each framed as::
+
+    payload length u32 | CRC32C of (type + payload) u32 | type u8 | payload
+
+Payloads are msgpack arrays (msgspec). Every group commit ends with a COMMIT
+record whose payload is ``b"TQCOMMIT" + batch number u64``; recovery applies a
+batch only once it has read that batch's commit marker. All integers are
+little-endian.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import msgspec
+from crc32c import crc32c
+
+from ..._model import TrioqError
+from .._tablestore import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
+
+__all__ = [
+    "ADD",
+    "CANCEL",
+    "CHECKPOINT_BEGIN",
+    "CHECKPOINT_END",
+    "CLAIM",
+    "COMMIT",
+    "DROP",
+    "ENTRY",
+    "FAIL",
+    "HEADER_SIZE",
+    "RELEASE",
+    "RETRY",
+    "SUCCEED",
+    "Scan",
+    "WALCorruption",
+    "commit_frame",
+    "frame",
+    "header",
+    "scan_segment",
+    "segment_name",
+    "segment_number",
+]
+
+MAGIC = b"TRIOQWAL"
+VERSION = 1
+_HEADER = struct.Struct("<8sHQ")
+_HEADER_CRC = struct.Struct("<I")
+HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
+_FRAME = struct.Struct("<IIB")
+FRAME_OVERHEAD = _FRAME.size
+COMMIT_MAGIC = b"TQCOMMIT"
+_COMMIT_BODY = struct.Struct("<8sQ")
+#: A payload longer than this is damage, not data (a torn length field).
+MAX_PAYLOAD = 1 << 30
+
+# Record types: the table's transitions (ADD .. DROP, from _tablestore); a
+# checkpoint is BEGIN (the table is rebuilt from here), one ENTRY per job, END.
+ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END = 9, 10, 11
+COMMIT = 255
+KNOWN_TYPES = frozenset(
+    {ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP, ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END}
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+class WALCorruption(TrioqError):
+    """The log is damaged somewhere other than an unfinished last write.
+
+    ``path`` and ``offset`` say where. Nothing past the damage was replayed.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+def segment_name(number: int) -> str:
+    return f"{number:020d}.wal"
+
+
+def segment_number(name: str) -> int | None:
+    """The number of a segment file name, or ``None`` for any other file."""
+    stem, dot, ext = name.partition(".")
+    if ext != "wal" or not dot or len(stem) != 20 or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def header(number: int) -> bytes:
+    head = _HEADER.pack(MAGIC, VERSION, number)
+    return head + _HEADER_CRC.pack(crc32c(head))
+
+
+def frame(kind: int, fields: Any) -> bytes:
+    """One record: frame header, then ``fields`` as msgpack."""
+    body = bytes((kind,)) + _encoder.encode(fields)
+    return _FRAME.pack(len(body) - 1, crc32c(body), kind) + body[1:]
+
+
+def commit_frame(batch: int) -> bytes:
+    body = bytes((COMMIT,)) + _COMMIT_BODY.pack(COMMIT_MAGIC, batch)
+    return _FRAME.pack(len(body) - 1, crc32c(body), COMMIT) + body[1:]
+
+
+def decode(payload: bytes | memoryview) -> Any:
+    return _decoder.decode(payload)
+
+
+@attrs.define
+class Scan:
+    """What reading one segment found.
+
+    ``batches`` are the committed batches, each a list of ``(type, payload)``.
+    ``committed_end`` is the offset just past the last commit marker (or the
+    header). ``damage_at`` is the offset of the first unreadable byte, if any;
+    ``damage`` says what was wrong there. ``commit_after_damage`` is True when a
+    valid commit marker lies beyond the damage, which makes it corruption
+    rather than a torn tail.
+    """
+
+    path: str
+    number: int
+    size: int
+    batches: list[list[tuple[int, memoryview]]]
+    committed_end: int
+    damage_at: int | None = None
+    damage: str | None = None
+    commit_after_damage: bool = False
+    records: int = 0
+
+
+def _read_header(data: bytes, path: str) -> int:
+    if len(data) < HEADER_SIZE:
+        raise WALCorruption(f"{path}: segment header is truncated ({len(data)} bytes)", path=path, offset=0)
+    magic, version, number = _HEADER.unpack_from(data, 0)
+    (crc,) = _HEADER_CRC.unpack_from(data, _HEADER.size)
+    if magic != MAGIC or crc != crc32c(data[: _HEADER.size]):
+        raise WALCorruption(f"{path}: not a trioq WAL segment (bad header)", path=path, offset=0)
+    if version != VERSION:
+        raise WALCorruption(
+            f"{path}: WAL format version {version}; this trioq reads version {VERSION}", path=path, offset=0
+        )
+    return int(number)
+
+
+def scan_segment(path: str) -> Scan:
+    """Read a segment, splitting it into committed batches and locating any damage."""
+    with open(path, "rb") as f:
+        data = f.read()
+    number = _read_header(data, path)
+    view = memoryview(data)
+    size = len(data)
+    batches: list[list[tuple[int, memoryview]]] = []
+    current: list[tuple[int, memoryview]] = []
+    pos = committed_end = HEADER_SIZE
+    records = 0
+    unpack = _FRAME.unpack_from
+    damage: str | None = None
+    while pos < size:
+        if size - pos < FRAME_OVERHEAD:
+            damage = "truncated record header"
+            break
+        length, crc, kind = unpack(data, pos)
+        end = pos + FRAME_OVERHEAD + length
+        if length > MAX_PAYLOAD or end > size:
+            damage = "truncated record"
+            break
+        if crc32c(view[pos + 8 : end]) != crc:
+            damage = "checksum mismatch"
+            break
+        if kind == COMMIT:
+            if length != _COMMIT_BODY.size or data[pos + FRAME_OVERHEAD : pos + FRAME_OVERHEAD + 8] != COMMIT_MAGIC:
+                damage = "malformed commit marker"
+                break
+            batches.append(current)
+            current = []
+            committed_end = end
+        elif kind in KNOWN_TYPES:
+            current.append((kind, view[pos + FRAME_OVERHEAD : end]))
+            records += 1
+        else:
+            damage = f"unknown record type {kind}"
+            break
+        pos = end
+    scan = Scan(path, number, size, batches, committed_end, records=records)
+    if damage is not None:
+        scan.damage_at = pos
+        scan.damage = damage
+        scan.commit_after_damage = _valid_commit_after(data, pos + 1)
+    return scan
+
+
+def _valid_commit_after(data: bytes, start: int) -> bool:
+    """Whether a well-formed, checksummed commit marker begins anywhere after ``start``."""
+    at = data.find(COMMIT_MAGIC, start)
+    while at != -1:
+        begin = at - FRAME_OVERHEAD
+        if begin >= start - 1 and begin >= HEADER_SIZE:
+            length, crc, kind = _FRAME.unpack_from(data, begin)
+            end = begin + FRAME_OVERHEAD + length
+            if kind == COMMIT and length == _COMMIT_BODY.size and crc == crc32c(data[begin + 8 : end]):
+                return True
+        at = data.find(COMMIT_MAGIC, at + 1)
+    return False
+
+
+def list_segments(directory: str) -> list[tuple[int, str]]:
+    """``(number, path)`` of every segment in ``directory``, oldest first."""
+    found = []
+    for name in os.listdir(directory):
+        number = segment_number(name)
+        if number is not None:
+            found.append((number, os.path.join(directory, name)))
+    found.sort()
+    return found
+
+
+def iter_records(scan: Scan) -> Iterator[tuple[int, Any]]:
+    """Decoded ``(type, fields)`` of every committed record of a scan, in order."""
+    for batch in scan.batches:
+        for kind, payload in batch:
+            yield kind, _decoder.decode(payload)
