@@ -21,7 +21,7 @@ from ._model import (
 )
 from ._registry import Registry
 from ._runtime import Queue, WaitTimeout, open_queue
-from .stores import MemoryStore, Store
+from .stores import MemoryStore, Store, WALCorruption, WALLocked, WALStore
 
 __version__ = "0.1.0"
 
@@ -41,6 +41,9 @@ __all__ = [
     "Store",
     "TrioqError",
     "UnknownTask",
+    "WALCorruption",
+    "WALLocked",
+    "WALStore",
     "WaitTimeout",
     "open_queue",
 ]

@@ -1,0 +1,127 @@
+"""Recovery: replay a WAL directory through the job table.
+
+Rules (DESIGN.md section 5): damage after the last commit marker of the last
+segment is a write that never finished, so it is truncated (with a warning
+giving the byte count) and recovery goes on. Damage anywhere else, in an older
+segment or before a later valid commit marker, is corruption: WALCorruption
+names the segment file and offset, and nothing past it is replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import attrs
+
+from ..._table import JobTable
+from .._tablestore import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
+from ._format import CHECKPOINT_BEGIN, CHECKPOINT_END, ENTRY, WALCorruption, decode, list_segments, scan_segment
+
+__all__ = ["Recovery", "replay"]
+
+log = logging.getLogger("trioq.wal")
+
+
+@attrs.define
+class Recovery:
+    """What :func:`replay` found and did."""
+
+    segments: list[tuple[int, str]] = attrs.Factory(list)
+    records: int = 0
+    batches: int = 0
+    truncated_bytes: int = 0
+    truncated_segment: str | None = None
+    checkpoints_seen: int = 0
+
+    @property
+    def last_segment(self) -> int:
+        return self.segments[-1][0] if self.segments else 0
+
+
+def _corruption(directory: str, path: str, offset: int, what: str) -> WALCorruption:
+    return WALCorruption(
+        f"WAL corrupted: {path} at byte offset {offset}: {what}. Nothing past it was replayed. "
+        f"Inspect the log with `trioq wal verify {directory}`; keep a copy of the directory before repairing it.",
+        path=path,
+        offset=offset,
+    )
+
+
+def apply_record(table: JobTable, kind: int, f: Any) -> bool:
+    """Apply one decoded record; False when the table refuses it (the log diverged)."""
+    if kind == ADD:
+        _, created = table.add(f[0], f[1], f[2], priority=f[3], key=f[4], max_attempts=f[5], run_at=f[6], now=f[7])
+        return created
+    if kind == CLAIM:
+        table.claim(f[0])
+        return True
+    if kind == SUCCEED:
+        return table.succeed(f[0], f[1], f[2], f[3]) is not None
+    if kind == FAIL:
+        return table.fail(f[0], f[1], f[2], f[3], f[4]) is not None
+    if kind == RELEASE:
+        return table.release(f[0], f[1]) is not None
+    if kind == CANCEL:
+        return table.cancel(f[0], f[1])[1]
+    if kind == RETRY:
+        table.retry(f[0], f[1])
+        return True
+    if kind == DROP:
+        table.drop(f[0])
+        return True
+    if kind == ENTRY:
+        table.restore(*f)
+        return True
+    if kind == CHECKPOINT_BEGIN:
+        table.clear()
+        return True
+    return kind == CHECKPOINT_END
+
+
+def replay(directory: str, table: JobTable, *, repair: bool = True) -> Recovery:
+    """Replay every committed batch of ``directory`` into ``table``.
+
+    With ``repair`` (the default), a torn tail is truncated on disk so the next
+    segment can follow it; without, the log is only read (``trioq wal verify``).
+    The table should not drop jobs by count meanwhile (the log records those
+    drops); pass one with an unbounded ``max_retained``.
+    """
+    recovery = Recovery(segments=list_segments(directory))
+    count = len(recovery.segments)
+    for index, (number, path) in enumerate(recovery.segments):
+        scan = scan_segment(path)
+        if scan.number != number:
+            raise _corruption(directory, path, 0, f"header says segment {scan.number}, file name says {number}")
+        last = index == count - 1
+        tail = scan.size - scan.committed_end
+        if scan.damage_at is not None and (not last or scan.commit_after_damage):
+            raise _corruption(directory, path, scan.damage_at, scan.damage or "damaged record")
+        if tail and not last:
+            raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
+        for batch in scan.batches:
+            for kind, payload in batch:
+                try:
+                    applied = apply_record(table, kind, decode(payload))
+                except Exception as exc:
+                    raise _corruption(directory, path, scan.committed_end, f"record does not replay: {exc}") from exc
+                if not applied:
+                    raise _corruption(directory, path, scan.committed_end, f"record of type {kind} does not replay")
+                if kind == CHECKPOINT_BEGIN:
+                    recovery.checkpoints_seen += 1
+            recovery.records += len(batch)
+            recovery.batches += 1
+        if tail:
+            recovery.truncated_bytes = tail
+            recovery.truncated_segment = path
+            if repair:
+                log.warning(
+                    "trioq WAL: truncating %d bytes after the last commit marker of %s (a write that never finished)",
+                    tail,
+                    path,
+                )
+                with open(path, "r+b") as f:
+                    f.truncate(scan.committed_end)
+                    os.fsync(f.fileno())
+    return recovery

@@ -1,0 +1,292 @@
+"""The log writer: one task owns the segment files and commits records in groups.
+
+Callers append encoded records synchronously and then await :meth:`LogWriter.flush`.
+The writer task takes every record waiting at that moment, writes them with a
+commit marker, syncs once (``fsync="always"``), and only then wakes the callers:
+32 concurrent submitters cost about one fsync per batch, not one each. With
+``"interval"`` the file is synced every few milliseconds and callers wait only
+for the write; with ``"never"`` syncing is left to the OS. In every mode a
+caller returns only after its record was handed to the OS, so a ``kill -9`` of
+the process loses nothing acknowledged; only a machine crash can, outside
+``"always"``.
+
+Segments roll at ``segment_size``. At a roll, when the log on disk has grown
+past twice the size of a checkpoint of the live jobs, the new segment starts
+with a checkpoint and every older segment is deleted, so disk use follows the
+live jobs, not history. The directory is fsynced after every create, truncate
+and delete.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import trio
+
+from ._format import (
+    CHECKPOINT_BEGIN,
+    CHECKPOINT_END,
+    ENTRY,
+    commit_frame,
+    frame,
+    header,
+    segment_name,
+)
+
+__all__ = ["FSYNC_MODES", "LogWriter"]
+
+FSYNC_MODES = ("always", "interval", "never")
+#: How often ``fsync="interval"`` syncs a log that has unsynced writes.
+SYNC_INTERVAL = 0.005
+
+
+class _Batch:
+    """The records of one group commit and the event that says they are durable."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class LogWriter:
+    """Owns the open segment; see the module docstring for the guarantees.
+
+    ``export`` returns the fields of one ENTRY record per job of the table at
+    the moment it is called (a checkpoint).
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        fsync: str,
+        segment_size: int,
+        next_segment: int,
+        old_segments: list[tuple[int, str]],
+        export: Callable[[], list[tuple[object, ...]]],
+    ) -> None:
+        self.directory = directory
+        self.fsync = fsync
+        self.segment_size = segment_size
+        self._export = export
+        self._pending: list[bytes] = []
+        self._batch = _Batch()
+        self._inflight: _Batch | None = None
+        self._wake = trio.Event()
+        self._closing = False
+        self._batch_no = 0
+        self._fd = -1
+        self._segment = next_segment - 1
+        self._segment_bytes = 0
+        # Sizes of every segment on disk, the open one last.
+        self._segments: dict[int, tuple[str, int]] = {
+            n: (path, os.path.getsize(path)) for n, path in old_segments
+        }
+        self._dirty = False
+        self._last_sync = -math.inf
+        #: Bytes per checkpointed job, as measured at the last checkpoint.
+        self._bytes_per_entry = 120.0
+        self.checkpoints = 0
+        self.records_written = 0
+        self.batches_written = 0
+
+    # ------------------------------------------------------------- callers
+
+    def append(self, data: bytes) -> None:
+        """Queue one encoded record for the next group commit."""
+        if self._closing:
+            raise RuntimeError("the WAL writer is closed")
+        self._pending.append(data)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    async def flush(self) -> None:
+        """Until every record appended so far is committed (written; synced with "always")."""
+        if self._pending:
+            batch = self._batch
+        elif self._inflight is not None:
+            batch = self._inflight
+        else:
+            return
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(size for _, size in self._segments.values())
+
+    @property
+    def segments(self) -> dict[int, tuple[str, int]]:
+        return dict(self._segments)
+
+    # -------------------------------------------------------------- writer
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The writer task: open a fresh segment, then commit batches until closed."""
+        await self._io(self._start_segment, self._segment + 1, b"")
+        task_status.started()
+        try:
+            while True:
+                if not self._pending:
+                    if self._closing:
+                        return
+                    self._wake = trio.Event()
+                    if self._dirty and self.fsync == "interval":
+                        with trio.move_on_after(SYNC_INTERVAL):
+                            await self._wake.wait()
+                        if not self._pending:
+                            await self._io(self._sync)
+                            continue
+                    else:
+                        await self._wake.wait()
+                    continue
+                await self._commit_pending()
+                if self._segment_bytes >= self.segment_size:
+                    await self._roll()
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    async def close(self) -> None:
+        """Commit what is pending, then stop the writer task."""
+        self._closing = True
+        if not self._wake.is_set():
+            self._wake.set()
+        await self.flush()
+
+    async def _commit_pending(self) -> None:
+        frames, batch = self._pending, self._batch
+        self._pending, self._batch = [], _Batch()
+        self._inflight = batch
+        self._batch_no += 1
+        frames.append(commit_frame(self._batch_no))
+        data = b"".join(frames)
+        try:
+            if self.fsync == "always":
+                await trio.to_thread.run_sync(self._write_and_sync, data)
+            else:
+                _write_all(self._fd, data)
+                self._dirty = True
+                if self.fsync == "interval" and trio.current_time() - self._last_sync >= SYNC_INTERVAL:
+                    await self._io(self._sync)
+        except BaseException as exc:
+            batch.error = exc
+            batch.done.set()
+            raise
+        self._segment_bytes += len(data)
+        self._segments[self._segment] = (self._segments[self._segment][0], self._segment_bytes)
+        self.records_written += len(frames) - 1
+        self.batches_written += 1
+        self._inflight = None
+        batch.done.set()
+
+    def _write_and_sync(self, data: bytes) -> None:
+        _write_all(self._fd, data)
+        os.fdatasync(self._fd)
+
+    def _sync(self) -> None:
+        if self._dirty and self._fd >= 0:
+            os.fdatasync(self._fd)
+            self._dirty = False
+        self._last_sync = trio.current_time() if self.fsync == "interval" else self._last_sync
+
+    async def _io(self, fn: Callable[..., None], *args: object) -> None:
+        """Blocking file work: in a thread when syncing, inline otherwise."""
+        if self.fsync == "never":
+            fn(*args)
+        else:
+            await trio.to_thread.run_sync(fn, *args)
+
+    def _start_segment(self, number: int, body: bytes) -> None:
+        """Create segment ``number`` holding ``body`` after its header, durably, and switch to it."""
+        path = os.path.join(self.directory, segment_name(number))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        data = header(number) + body
+        try:
+            _write_all(fd, data)
+            if self.fsync != "never":
+                os.fdatasync(fd)
+                fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._fd >= 0:
+            if self._dirty and self.fsync != "never":
+                os.fdatasync(self._fd)
+            os.close(self._fd)
+        self._fd = fd
+        self._dirty = False
+        self._segment = number
+        self._segment_bytes = len(data)
+        self._segments[number] = (path, len(data))
+
+    async def _roll(self) -> None:
+        """The open segment is full: start the next, with a checkpoint when it pays."""
+        await self.checkpoint(only_if_worth_it=True)
+
+    async def checkpoint(self, *, only_if_worth_it: bool = False) -> bool:
+        """Start a new segment; with a checkpoint (then delete older segments) if worth it.
+
+        Returns whether a checkpoint was written. Records appended while the
+        checkpoint is taken are reflected in it, so their callers are woken when
+        it is durable.
+        """
+        entries = self._export()
+        estimate = len(entries) * self._bytes_per_entry
+        if only_if_worth_it and estimate * 2 > self.disk_bytes:
+            await self._io(self._start_segment, self._segment + 1, b"")
+            return False
+        # Everything pending now was applied to the table before export():
+        # the checkpoint holds it, so those records need not be written again.
+        stolen, batch = self._pending, self._batch
+        self._pending, self._batch = [], _Batch()
+        self._inflight = batch
+        self._batch_no += 1
+        frames = [frame(CHECKPOINT_BEGIN, (len(entries),))]
+        frames.extend(frame(ENTRY, fields) for fields in entries)
+        frames.append(frame(CHECKPOINT_END, (len(entries),)))
+        frames.append(commit_frame(self._batch_no))
+        body = b"".join(frames)
+        try:
+            await self._io(self._start_segment, self._segment + 1, body)
+            await self._io(self._delete_before, self._segment)
+        except BaseException as exc:
+            batch.error = exc
+            batch.done.set()
+            raise
+        del stolen
+        if entries:
+            self._bytes_per_entry = max(len(body) / len(entries), 16.0)
+        self.checkpoints += 1
+        self._inflight = None
+        batch.done.set()
+        return True
+
+    def _delete_before(self, number: int) -> None:
+        for n in sorted(self._segments):
+            if n < number:
+                path, _ = self._segments.pop(n)
+                os.unlink(path)
+        if self.fsync != "never":
+            fsync_dir(self.directory)
