@@ -50,9 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run a short demonstration")
     demo.add_argument("--jobs", type=int, default=500)
     demo.add_argument("--workers", type=int, default=16)
+    wal = commands.add_parser("wal", help="look at a WAL directory").add_subparsers(dest="wal_command", required=True)
+    verify = wal.add_parser("verify", help="check every segment; exit 0 if the log replays cleanly")
+    verify.add_argument("directory")
+    inspect = wal.add_parser("inspect", help="job counts per state, segments and sizes, last checkpoint")
+    inspect.add_argument("directory")
     args = parser.parse_args(argv)
     if args.command == "demo":
         trio.run(_demo, args.jobs, args.workers)
+    elif args.command == "wal":
+        from ._walcli import inspect_command, verify_command
+
+        command = verify_command if args.wal_command == "verify" else inspect_command
+        return command(args.directory)
     return 0
 
 

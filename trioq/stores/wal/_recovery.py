@@ -34,6 +34,8 @@ class Recovery:
     truncated_bytes: int = 0
     truncated_segment: str | None = None
     checkpoints_seen: int = 0
+    #: ``(segment number, jobs in it)`` of the last checkpoint replayed, if any.
+    last_checkpoint: tuple[int, int] | None = None
 
     @property
     def last_segment(self) -> int:
@@ -103,13 +105,15 @@ def replay(directory: str, table: JobTable, *, repair: bool = True) -> Recovery:
         for batch in scan.batches:
             for kind, payload in batch:
                 try:
-                    applied = apply_record(table, kind, decode(payload))
+                    fields = decode(payload)
+                    applied = apply_record(table, kind, fields)
                 except Exception as exc:
                     raise _corruption(directory, path, scan.committed_end, f"record does not replay: {exc}") from exc
                 if not applied:
                     raise _corruption(directory, path, scan.committed_end, f"record of type {kind} does not replay")
                 if kind == CHECKPOINT_BEGIN:
                     recovery.checkpoints_seen += 1
+                    recovery.last_checkpoint = (number, int(fields[0]))
             recovery.records += len(batch)
             recovery.batches += 1
         if tail:
