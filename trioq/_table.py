@@ -190,7 +190,6 @@ class JobTable:
         job_id: str,
         task: str,
         payload: dict[str, Any],
-        *,
         priority: int,
         key: str | None,
         max_attempts: int,
@@ -198,6 +197,9 @@ class JobTable:
         now: float,
     ) -> tuple[Entry, bool]:
         """Insert a new job; returns ``(entry, created)``.
+
+        The arguments are in the order of a WAL ADD record, so replay can
+        pass a decoded record straight through.
 
         With a ``key`` already held by a retained job, nothing is inserted and
         that job's entry comes back with ``created=False``. The job starts
