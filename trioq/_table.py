@@ -22,14 +22,36 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import attrs
+import msgspec
 
 from ._model import InvalidJob, Job, JobNotFound, JobState
 from ._ready import ReadyQueue
 
 __all__ = ["Entry", "JobTable"]
+
+# A job that has never been claimed (ready or scheduled, attempts 0) is kept
+# "cold": a plain tuple of atomic values instead of an Entry. CPython's cyclic
+# GC stops tracking such tuples at its first pass, so a backlog of a million
+# waiting jobs costs the collector nothing; tracked Entry objects made every
+# full collection rescan the whole backlog (35 of them while enqueueing 1M).
+# A cold job becomes an Entry ("warms") the first time anything but its
+# enqueue, promotion or a snapshot touches it. The payload is kept as msgpack
+# bytes (a dict inside a tuple keeps the tuple tracked). Layout:
+_C_ID: Final = 0
+_C_TASK: Final = 1
+_C_PAYLOAD: Final = 2
+_C_STATE: Final = 3
+_C_PRIORITY: Final = 4
+_C_KEY: Final = 5
+_C_MAX: Final = 6
+_C_RUN_AT: Final = 7
+_C_CREATED: Final = 8
+_C_SEQ: Final = 9
+_C_SLOT: Final = 10
+Cold = tuple[str, str, bytes, str, int, "str | None", int, float, float, int, tuple[float, int, str]]
 
 _READY = JobState.READY
 _SCHEDULED = JobState.SCHEDULED
@@ -106,8 +128,8 @@ class JobTable:
             raise ValueError(f"max_retained must be >= 0, got {max_retained!r}")
         self.retention = retention
         self.max_retained = max_retained
-        self._jobs: dict[str, Entry] = {}
-        self._keys: dict[str, Entry] = {}
+        self._jobs: dict[str, Entry | Cold] = {}
+        self._keys: dict[str, str] = {}  # idempotency key -> job id
         # Items are (run_at, seq, id) in both; see Entry.slot.
         self._ready = ReadyQueue()
         self._scheduled: list[tuple[float, int, str]] = []
@@ -130,23 +152,33 @@ class JobTable:
         return job_id in self._jobs
 
     def entries(self) -> Iterator[Entry]:
-        """Every entry, in no promised order (checkpoints and checks use this)."""
-        return iter(self._jobs.values())
+        """Every entry, in no promised order (warms every cold job: for checks, not hot paths)."""
+        return iter([self.entry(job_id) for job_id in list(self._jobs)])
 
     def entry(self, job_id: str) -> Entry:
         """The live entry for ``job_id``; raises :class:`~trioq.JobNotFound`."""
-        try:
-            return self._jobs[job_id]
-        except KeyError:
-            raise JobNotFound(f"no job with id {job_id!r} (never enqueued, or evicted after retention)") from None
+        found = self._jobs.get(job_id)
+        if found is None:
+            raise JobNotFound(f"no job with id {job_id!r} (never enqueued, or evicted after retention)")
+        if isinstance(found, tuple):
+            return self._warm(found)
+        return found
 
     def get(self, job_id: str) -> Job:
         """A snapshot of ``job_id``; raises :class:`~trioq.JobNotFound`."""
+        found = self._jobs.get(job_id)
+        if isinstance(found, tuple):
+            return _cold_snapshot(found)
         return self.entry(job_id).snapshot()
 
     def by_key(self, key: str) -> Entry | None:
         """The job holding idempotency key ``key``, if any."""
-        return self._keys.get(key)
+        job_id = self._keys.get(key)
+        return None if job_id is None else self.entry(job_id)
+
+    def holds_key(self, key: str) -> bool:
+        """Whether a retained job holds idempotency key ``key``."""
+        return key in self._keys
 
     def counts(self) -> dict[str, int]:
         """Number of jobs in each state, keyed by the state's string value."""
@@ -166,8 +198,7 @@ class JobTable:
         heap = self._scheduled
         while heap:
             item = heap[0]
-            entry = self._jobs.get(item[2])
-            if entry is not None and entry.slot is item:
+            if self._slot_of(item[2]) is item:
                 return item[0]
             heapq.heappop(heap)
         return None
@@ -177,9 +208,8 @@ class JobTable:
         self.promote(now)
         ready = self._ready
         while (item := ready.first()) is not None:
-            entry = self._jobs.get(item[2])
-            if entry is not None and entry.slot is item:
-                return entry
+            if self._slot_of(item[2]) is item:
+                return self.entry(item[2])
             ready.pop()
         return None
 
@@ -195,32 +225,38 @@ class JobTable:
         max_attempts: int,
         run_at: float,
         now: float,
-    ) -> tuple[Entry, bool]:
-        """Insert a new job; returns ``(entry, created)``.
+    ) -> tuple[Job, bool]:
+        """Insert a new job; returns ``(snapshot, created)``.
 
         The arguments are in the order of a WAL ADD record, so replay can
         pass a decoded record straight through.
 
         With a ``key`` already held by a retained job, nothing is inserted and
-        that job's entry comes back with ``created=False``. The job starts
+        that job's snapshot comes back with ``created=False``. The job starts
         ``scheduled`` if ``run_at > now``, else ``ready``.
         """
         if key is not None:
             existing = self._keys.get(key)
             if existing is not None:
-                return existing, False
-        if job_id in self._jobs:
+                return self.get(existing), False
+        jobs = self._jobs
+        if job_id in jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         seq = self._next_seq
         self._next_seq = seq + 1
-        state = _SCHEDULED if run_at > now else _READY
-        entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq)
-        self._jobs[job_id] = entry
+        item = (run_at, seq, job_id)
+        if run_at > now:
+            state = _SCHEDULED
+            heapq.heappush(self._scheduled, item)
+        else:
+            state = _READY
+            self._ready.push(priority, item)
+        cold = (job_id, task, _pack(payload), state.value, priority, key, max_attempts, run_at, now, seq, item)
+        jobs[job_id] = cold
         if key is not None:
-            self._keys[key] = entry
+            self._keys[key] = job_id
         self._counts[state] += 1
-        self._push(entry)
-        return entry, True
+        return _cold_snapshot(cold, payload), True
 
     def claim_next(self, now: float) -> Entry | None:
         """Claim the best ready job at ``now`` (promoting due scheduled jobs first).
@@ -234,6 +270,10 @@ class JobTable:
         jobs = self._jobs
         while (item := ready.pop()) is not None:
             entry = jobs.get(item[2])
+            if isinstance(entry, tuple):
+                if entry[_C_SLOT] is not item:
+                    continue
+                entry = self._warm(entry)
             if entry is not None and entry.slot is item:
                 counts = self._counts
                 counts[_READY] -= 1
@@ -343,13 +383,25 @@ class JobTable:
         """Move scheduled jobs whose ``run_at`` has come to ``ready``; returns how many."""
         heap = self._scheduled
         promoted = 0
+        jobs = self._jobs
+        counts = self._counts
         while heap and heap[0][0] <= now:
             item = heapq.heappop(heap)
-            entry = self._jobs.get(item[2])
-            if entry is None or entry.slot is not item:
+            found = jobs.get(item[2])
+            if isinstance(found, tuple):
+                if found[_C_SLOT] is not item:
+                    continue
+                # Stays cold: a fresh tuple, now ready, with a ready-queue item.
+                ready_item = (found[_C_RUN_AT], found[_C_SEQ], found[_C_ID])
+                jobs[found[_C_ID]] = (*found[:_C_STATE], _READY.value, *found[_C_PRIORITY:_C_SLOT], ready_item)
+                counts[_SCHEDULED] -= 1
+                counts[_READY] += 1
+                self._ready.push(found[_C_PRIORITY], ready_item)
+            elif found is None or found.slot is not item:
                 continue
-            self._move(entry, _READY)
-            self._push(entry)
+            else:
+                self._move(found, _READY)
+                self._push(found)
             promoted += 1
         return promoted
 
@@ -381,7 +433,7 @@ class JobTable:
         del self._jobs[job_id]
         del self._terminal[job_id]
         self._counts[entry.state] -= 1
-        if entry.key is not None and self._keys.get(entry.key) is entry:
+        if entry.key is not None and self._keys.get(entry.key) == job_id:
             del self._keys[entry.key]
 
     # -------------------------------------------------------------- recovery
@@ -396,14 +448,22 @@ class JobTable:
         self._counts = dict.fromkeys(JobState, 0)
         self._next_seq = 0
 
-    def export(self) -> list[Entry]:
-        """Every entry, in an order :meth:`restore` can rebuild the table from.
+    def export(self) -> list[tuple[Any, ...]]:
+        """Every job as the fields of :meth:`restore`, in an order it can rebuild from.
 
         Non-terminal jobs first, then terminal ones in the order they finished
-        (so the retention order survives a checkpoint).
+        (so the retention order survives a checkpoint). Cold jobs stay cold.
         """
-        live = [e for e in self._jobs.values() if not e.state.terminal]
-        return live + list(self._terminal.values())
+        rows: list[tuple[Any, ...]] = []
+        for found in self._jobs.values():
+            if isinstance(found, tuple):
+                rows.append(
+                    (*found[:_C_PAYLOAD], _unpack(found[_C_PAYLOAD]), *found[_C_STATE:_C_SLOT], 0, 0, None, None, None)
+                )
+            elif not found.state.terminal:
+                rows.append(_row(found))
+        rows.extend(_row(e) for e in self._terminal.values())
+        return rows
 
     def restore(
         self,
@@ -422,11 +482,26 @@ class JobTable:
         finished_at: float | None,
         result: Any,
         error: str | None,
-    ) -> Entry:
+    ) -> None:
         """Insert a job exactly as a checkpoint recorded it, in any state."""
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
+        if (job_state is _READY or job_state is _SCHEDULED) and attempts == 0 and epoch == 0 and error is None:
+            item = (run_at, seq, job_id)
+            if job_state is _READY:
+                self._ready.push(priority, item)
+            else:
+                heapq.heappush(self._scheduled, item)
+            self._jobs[job_id] = (
+                job_id, task, _pack(payload), job_state.value, priority, key, max_attempts,
+                run_at, created_at, seq, item,
+            )  # fmt: skip
+            if key is not None:
+                self._keys[key] = job_id
+            self._counts[job_state] += 1
+            self._next_seq = max(self._next_seq, seq + 1)
+            return
         entry = Entry(job_id, task, payload, job_state, priority, key, max_attempts, run_at, created_at, seq)
         entry.attempts = attempts
         entry.epoch = epoch
@@ -435,26 +510,51 @@ class JobTable:
         entry.error = error
         self._jobs[job_id] = entry
         if key is not None:
-            self._keys[key] = entry
+            self._keys[key] = job_id
         self._counts[job_state] += 1
         self._next_seq = max(self._next_seq, seq + 1)
         if job_state.terminal:
             self._terminal[job_id] = entry
         elif job_state is not _RUNNING:
             self._push(entry)
-        return entry
 
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
-        return [e for e in self._jobs.values() if e.state is _RUNNING]
+        return [e for e in self._jobs.values() if isinstance(e, Entry) and e.state is _RUNNING]
 
     # ---------------------------------------------------------------- helpers
+
+    def _slot_of(self, job_id: str) -> tuple[Any, ...] | None:
+        found = self._jobs.get(job_id)
+        if found is None:
+            return None
+        if isinstance(found, tuple):
+            return found[_C_SLOT]
+        return found.slot
+
+    def _warm(self, cold: Cold) -> Entry:
+        """Turn a cold job into an Entry (kept from now on)."""
+        entry = Entry(
+            cold[_C_ID],
+            cold[_C_TASK],
+            _unpack(cold[_C_PAYLOAD]),
+            _STATES[cold[_C_STATE]],
+            cold[_C_PRIORITY],
+            cold[_C_KEY],
+            cold[_C_MAX],
+            cold[_C_RUN_AT],
+            cold[_C_CREATED],
+            cold[_C_SEQ],
+        )
+        entry.slot = cold[_C_SLOT]
+        self._jobs[entry.id] = entry
+        return entry
 
     def _running(self, job_id: str, epoch: int) -> Entry | None:
         # An unknown id is stale too: the job may have been cancelled and
         # evicted while the attempt that names it was still running.
         entry = self._jobs.get(job_id)
-        if entry is None or entry.state is not _RUNNING or entry.epoch != epoch:
+        if not isinstance(entry, Entry) or entry.state is not _RUNNING or entry.epoch != epoch:
             return None
         return entry
 
@@ -486,3 +586,45 @@ class JobTable:
             scheduled = (entry.run_at, entry.seq, entry.id)
             entry.slot = scheduled
             heapq.heappush(self._scheduled, scheduled)
+
+
+_STATES = {state.value: state for state in JobState}
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+def _pack(payload: dict[str, Any]) -> bytes:
+    """A payload as bytes: a tuple holding a dict stays GC-tracked; one holding bytes does not."""
+    return _encode(payload) if payload else b""
+
+
+def _unpack(blob: bytes) -> dict[str, Any]:
+    """A fresh payload dict from :func:`_pack`'s bytes."""
+    return _decode(blob) if blob else {}
+
+
+def _cold_snapshot(cold: Cold, payload: dict[str, Any] | None = None) -> Job:
+    return Job(
+        cold[_C_ID],
+        cold[_C_TASK],
+        _unpack(cold[_C_PAYLOAD]) if payload is None else payload,
+        _STATES[cold[_C_STATE]],
+        0,
+        0,
+        cold[_C_PRIORITY],
+        cold[_C_KEY],
+        cold[_C_MAX],
+        cold[_C_RUN_AT],
+        cold[_C_CREATED],
+        None,
+        None,
+        None,
+    )
+
+
+def _row(e: Entry) -> tuple[Any, ...]:
+    """An entry as the fields of :meth:`JobTable.restore` (and of a WAL ENTRY record)."""
+    return (
+        e.id, e.task, e.payload, e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
+        e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error,
+    )  # fmt: skip

@@ -61,7 +61,7 @@ class TableStore:
         table, config = self._open()
         now = config.clock()
         if max_pending is not None:
-            new_keys = {j.key for j in jobs if j.key is not None and table.by_key(j.key) is None}
+            new_keys = {j.key for j in jobs if j.key is not None and not table.holds_key(j.key)}
             fresh = len(new_keys) + sum(1 for j in jobs if j.key is None)
             if fresh and table.pending + fresh > max_pending:
                 raise QueueFull(
@@ -74,23 +74,14 @@ class TableStore:
         record = self._record
         for j in jobs:
             job_id = self._ids()
-            entry, created = table.add(
-                job_id,
-                j.task,
-                j.payload,
-                priority=j.priority,
-                key=j.key,
-                max_attempts=j.max_attempts,
-                run_at=j.run_at,
-                now=now,
-            )
+            job, created = table.add(job_id, j.task, j.payload, j.priority, j.key, j.max_attempts, j.run_at, now)
             if created:
                 record(ADD, (job_id, j.task, j.payload, j.priority, j.key, j.max_attempts, j.run_at, now))
-                if entry.state is JobState.READY:
+                if job.state is JobState.READY:
                     ready += 1
                 else:
-                    scheduled.append(entry.run_at)
-            out.append(entry.snapshot())
+                    scheduled.append(job.run_at)
+            out.append(job)
         await self._flush()
         for run_at in scheduled:
             config.on_scheduled(run_at)

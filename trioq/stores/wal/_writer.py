@@ -98,9 +98,7 @@ class LogWriter:
         self._segment = next_segment - 1
         self._segment_bytes = 0
         # Sizes of every segment on disk, the open one last.
-        self._segments: dict[int, tuple[str, int]] = {
-            n: (path, os.path.getsize(path)) for n, path in old_segments
-        }
+        self._segments: dict[int, tuple[str, int]] = {n: (path, os.path.getsize(path)) for n, path in old_segments}
         self._dirty = False
         self._last_sync = -math.inf
         #: Bytes per checkpointed job, as measured at the last checkpoint.

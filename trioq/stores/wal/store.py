@@ -146,26 +146,7 @@ class WALStore(TableStore):
 
     def _export(self) -> list[tuple[Any, ...]]:
         assert self._table is not None
-        return [
-            (
-                e.id,
-                e.task,
-                e.payload,
-                e.state.value,
-                e.priority,
-                e.key,
-                e.max_attempts,
-                e.run_at,
-                e.created_at,
-                e.seq,
-                e.attempts,
-                e.epoch,
-                e.finished_at,
-                e.result,
-                e.error,
-            )
-            for e in self._table.export()
-        ]
+        return self._table.export()
 
     async def checkpoint(self) -> None:
         """Write a checkpoint now and delete the older segments."""
