@@ -20,7 +20,18 @@ import attrs
 
 from ..._table import JobTable
 from .._tablestore import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
-from ._format import CHECKPOINT_BEGIN, CHECKPOINT_END, ENTRY, WALCorruption, decode, list_segments, scan_segment
+from ._format import (
+    CHECKPOINT_BEGIN,
+    CHECKPOINT_END,
+    ENTRY,
+    FRAME_OVERHEAD,
+    HEADER_SIZE,
+    WALCorruption,
+    decode,
+    list_segments,
+    scan_segment,
+)
+from ._writer import fsync_dir
 
 __all__ = ["Recovery", "replay"]
 
@@ -116,10 +127,37 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
     The table should not drop jobs by count meanwhile (the log records those
     drops); pass one with an unbounded ``max_retained``.
     """
-    recovery = Recovery(segments=list_segments(directory))
-    count = len(recovery.segments)
-    for index, (number, path) in enumerate(recovery.segments):
-        scan = scan_segment(path)
+    segments = list_segments(directory)
+    recovery = Recovery()
+    if segments and os.path.getsize(segments[-1][1]) < HEADER_SIZE:
+        # Created, but its header never made it to disk: an unfinished write.
+        number, path = segments.pop()
+        recovery.truncated_bytes = os.path.getsize(path)
+        recovery.truncated_segment = path
+        if repair:
+            log.warning("trioq WAL: removing %s, a segment whose header was never written", path)
+            os.unlink(path)
+            fsync_dir(directory)
+    # Replay from the newest segment that opens with a committed checkpoint:
+    # everything before it is history the checkpoint replaced (left behind
+    # if a crash interrupted deleting it).
+    start, scans = 0, {}
+    for index in range(len(segments) - 1, 0, -1):
+        if _first_record_type(segments[index][1]) == CHECKPOINT_BEGIN:
+            scans[index] = scan = scan_segment(segments[index][1])
+            if scan.batches and scan.batches[0] and scan.batches[0][0][0] == CHECKPOINT_BEGIN:
+                start = index
+                break
+    if start and repair:
+        for _, path in segments[:start]:
+            log.info("trioq WAL: deleting %s, replaced by a later checkpoint", path)
+            os.unlink(path)
+        fsync_dir(directory)
+    recovery.segments = segments = segments[start:]
+    scans = {index - start: scan for index, scan in scans.items() if index >= start}
+    count = len(segments)
+    for index, (number, path) in enumerate(segments):
+        scan = scans.get(index) or scan_segment(path)
         if scan.number != number:
             raise _corruption(directory, path, 0, f"header says segment {scan.number}, file name says {number}")
         last = index == count - 1
@@ -157,3 +195,10 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                     f.truncate(scan.committed_end)
                     os.fsync(f.fileno())
     return recovery
+
+
+def _first_record_type(path: str) -> int | None:
+    """The type of a segment's first record, read without scanning the file."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE + FRAME_OVERHEAD)
+    return head[-1] if len(head) == HEADER_SIZE + FRAME_OVERHEAD else None

@@ -104,6 +104,8 @@ class LogWriter:
         #: Bytes per checkpointed job, as measured at the last checkpoint.
         self._bytes_per_entry = 120.0
         self.checkpoints = 0
+        # A checkpoint asked for from outside the writer task, and its outcome.
+        self._checkpoint_wanted: _Batch | None = None
         self.records_written = 0
         self.batches_written = 0
 
@@ -145,6 +147,9 @@ class LogWriter:
         task_status.started()
         try:
             while True:
+                if self._checkpoint_wanted is not None:
+                    await self._checkpoint_on_request()
+                    continue
                 if not self._pending:
                     if self._closing:
                         return
@@ -165,6 +170,35 @@ class LogWriter:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+    async def request_checkpoint(self) -> None:
+        """Have the writer task write a checkpoint; returns once it is durable.
+
+        Only the writer task touches the files, so the checkpoint runs there,
+        between two group commits.
+        """
+        if self._checkpoint_wanted is None:
+            self._checkpoint_wanted = _Batch()
+        wanted = self._checkpoint_wanted
+        if not self._wake.is_set():
+            self._wake.set()
+        await wanted.done.wait()
+        if wanted.error is not None:
+            raise wanted.error
+
+    async def _checkpoint_on_request(self) -> None:
+        wanted = self._checkpoint_wanted
+        assert wanted is not None
+        self._checkpoint_wanted = None
+        if self._pending:
+            await self._commit_pending()
+        try:
+            await self.checkpoint()
+        except BaseException as exc:
+            wanted.error = exc
+            wanted.done.set()
+            raise
+        wanted.done.set()
 
     async def close(self) -> None:
         """Commit what is pending, then stop the writer task."""
@@ -245,6 +279,8 @@ class LogWriter:
 
     async def checkpoint(self, *, only_if_worth_it: bool = False) -> bool:
         """Start a new segment; with a checkpoint (then delete older segments) if worth it.
+
+        Runs in the writer task only (others call :meth:`request_checkpoint`).
 
         Returns whether a checkpoint was written. Records appended while the
         checkpoint is taken are reflected in it, so their callers are woken when

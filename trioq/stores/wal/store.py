@@ -152,7 +152,7 @@ class WALStore(TableStore):
         """Write a checkpoint now and delete the older segments."""
         if self._writer is None:
             raise RuntimeError("WALStore is not open; use it through trioq.open_queue")
-        await self._writer.checkpoint()
+        await self._writer.request_checkpoint()
 
     def disk_usage(self) -> dict[str, Any]:
         """Segments on disk (``{number: (path, bytes)}``) and their total, while open."""
