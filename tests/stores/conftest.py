@@ -38,7 +38,10 @@ class StoreKind:
 STORE_KINDS: dict[str, StoreKind] = {
     # A MemoryStore keeps its jobs in the object, so reopening is reusing it.
     "memory": StoreKind(make=lambda path: trioq.MemoryStore(), reopen=lambda store, path: store),
-    # Later: "wal": StoreKind(make=lambda path: trioq.WALStore(path / "wal", fsync="always")),
+    # A WALStore keeps its jobs in its directory: reopening is a new store over
+    # the same directory (the default), so every reopen replays the log.
+    "wal": StoreKind(make=lambda path: trioq.WALStore(path / "wal", fsync="never")),
+    "wal-always": StoreKind(make=lambda path: trioq.WALStore(path / "wal", fsync="always")),
 }
 
 

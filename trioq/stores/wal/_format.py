@@ -125,7 +125,7 @@ def decode(payload: bytes | memoryview) -> Any:
 class Scan:
     """What reading one segment found.
 
-    ``batches`` are the committed batches, each a list of ``(type, payload)``.
+    ``batches`` are the committed batches, each a list of ``(type, payload, offset)``.
     ``committed_end`` is the offset just past the last commit marker (or the
     header). ``damage_at`` is the offset of the first unreadable byte, if any;
     ``damage`` says what was wrong there. ``commit_after_damage`` is True when a
@@ -136,7 +136,7 @@ class Scan:
     path: str
     number: int
     size: int
-    batches: list[list[tuple[int, memoryview]]]
+    batches: list[list[tuple[int, memoryview, int]]]
     committed_end: int
     damage_at: int | None = None
     damage: str | None = None
@@ -165,8 +165,8 @@ def scan_segment(path: str) -> Scan:
     number = _read_header(data, path)
     view = memoryview(data)
     size = len(data)
-    batches: list[list[tuple[int, memoryview]]] = []
-    current: list[tuple[int, memoryview]] = []
+    batches: list[list[tuple[int, memoryview, int]]] = []
+    current: list[tuple[int, memoryview, int]] = []
     pos = committed_end = HEADER_SIZE
     records = 0
     unpack = _FRAME.unpack_from
@@ -191,7 +191,7 @@ def scan_segment(path: str) -> Scan:
             current = []
             committed_end = end
         elif kind in KNOWN_TYPES:
-            current.append((kind, view[pos + FRAME_OVERHEAD : end]))
+            current.append((kind, view[pos + FRAME_OVERHEAD : end], pos))
             records += 1
         else:
             damage = f"unknown record type {kind}"
@@ -233,5 +233,5 @@ def list_segments(directory: str) -> list[tuple[int, str]]:
 def iter_records(scan: Scan) -> Iterator[tuple[int, Any]]:
     """Decoded ``(type, fields)`` of every committed record of a scan, in order."""
     for batch in scan.batches:
-        for kind, payload in batch:
+        for kind, payload, _ in batch:
             yield kind, _decoder.decode(payload)

@@ -26,6 +26,7 @@ from ._format import (
     ENTRY,
     FRAME_OVERHEAD,
     HEADER_SIZE,
+    Scan,
     WALCorruption,
     decode,
     list_segments,
@@ -144,7 +145,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
     start, scans = 0, {}
     for index in range(len(segments) - 1, 0, -1):
         if _first_record_type(segments[index][1]) == CHECKPOINT_BEGIN:
-            scans[index] = scan = scan_segment(segments[index][1])
+            scans[index] = scan = _scan(directory, segments[index][1])
             if scan.batches and scan.batches[0] and scan.batches[0][0][0] == CHECKPOINT_BEGIN:
                 start = index
                 break
@@ -157,7 +158,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
     scans = {index - start: scan for index, scan in scans.items() if index >= start}
     count = len(segments)
     for index, (number, path) in enumerate(segments):
-        scan = scans.get(index) or scan_segment(path)
+        scan = scans.get(index) or _scan(directory, path)
         if scan.number != number:
             raise _corruption(directory, path, 0, f"header says segment {scan.number}, file name says {number}")
         last = index == count - 1
@@ -168,15 +169,15 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
         add = table.add
         for batch in scan.batches:
-            for kind, payload in batch:
+            for kind, payload, offset in batch:
                 try:
                     fields = decode(payload)
                     # ADD dominates a log; take it without the dispatch.
                     applied = add(*fields)[1] if kind == ADD else apply_record(table, kind, fields)
                 except Exception as exc:
-                    raise _corruption(directory, path, scan.committed_end, f"record does not replay: {exc}") from exc
+                    raise _corruption(directory, path, offset, f"record does not replay: {exc}") from exc
                 if not applied:
-                    raise _corruption(directory, path, scan.committed_end, f"record of type {kind} does not replay")
+                    raise _corruption(directory, path, offset, f"record of type {kind} does not replay")
                 if kind == CHECKPOINT_BEGIN:
                     recovery.checkpoints_seen += 1
                     recovery.last_checkpoint = (number, int(fields[0]))
@@ -195,6 +196,14 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                     f.truncate(scan.committed_end)
                     os.fsync(f.fileno())
     return recovery
+
+
+def _scan(directory: str, path: str) -> Scan:
+    """:func:`scan_segment`, with header damage reported like any other corruption."""
+    try:
+        return scan_segment(path)
+    except WALCorruption as exc:
+        raise _corruption(directory, path, exc.offset or 0, str(exc).removeprefix(f"{path}: ")) from None
 
 
 def _first_record_type(path: str) -> int | None:
