@@ -228,17 +228,36 @@ class JobTable:
     ) -> tuple[Job, bool]:
         """Insert a new job; returns ``(snapshot, created)``.
 
-        The arguments are in the order of a WAL ADD record, so replay can
-        pass a decoded record straight through.
-
         With a ``key`` already held by a retained job, nothing is inserted and
         that job's snapshot comes back with ``created=False``. The job starts
         ``scheduled`` if ``run_at > now``, else ``ready``.
         """
+        existing = self.add_packed(job_id, task, _pack(payload), priority, key, max_attempts, run_at, now)
+        if existing is not None:
+            return self.get(existing), False
+        return _cold_snapshot(self._jobs[job_id], payload), True  # type: ignore[arg-type]
+
+    def add_packed(
+        self,
+        job_id: str,
+        task: str,
+        payload: bytes,
+        priority: int,
+        key: str | None,
+        max_attempts: int,
+        run_at: float,
+        now: float,
+    ) -> str | None:
+        """:meth:`add` with the payload already msgpack-encoded, and no snapshot.
+
+        Returns ``None`` when the job was inserted, or the id of the job that
+        holds ``key``. The arguments are those of a WAL ADD record, whose
+        payload replay reads as raw msgpack: this is the replay path.
+        """
         if key is not None:
             existing = self._keys.get(key)
             if existing is not None:
-                return self.get(existing), False
+                return existing
         jobs = self._jobs
         if job_id in jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
@@ -251,12 +270,13 @@ class JobTable:
         else:
             state = _READY
             self._ready.push(priority, item)
-        cold = (job_id, task, _pack(payload), state.value, priority, key, max_attempts, run_at, now, seq, item)
-        jobs[job_id] = cold
+        if payload == _EMPTY_MAP:
+            payload = b""
+        jobs[job_id] = (job_id, task, payload, state.value, priority, key, max_attempts, run_at, now, seq, item)
         if key is not None:
             self._keys[key] = job_id
         self._counts[state] += 1
-        return _cold_snapshot(cold, payload), True
+        return None
 
     def claim_next(self, now: float) -> Entry | None:
         """Claim the best ready job at ``now`` (promoting due scheduled jobs first).
@@ -590,6 +610,7 @@ class JobTable:
 
 _STATES = {state.value: state for state in JobState}
 _encode = msgspec.msgpack.Encoder().encode
+_EMPTY_MAP = _encode({})
 _decode = msgspec.msgpack.Decoder().decode
 
 

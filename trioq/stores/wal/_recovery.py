@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import attrs
+import msgspec
 
 from ..._table import JobTable
 from .._tablestore import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
@@ -37,6 +38,9 @@ from ._writer import fsync_dir
 __all__ = ["Recovery", "replay"]
 
 log = logging.getLogger("trioq.wal")
+
+# An ADD record: id, task, payload (kept raw), priority, key, max_attempts, run_at, now.
+_decode_add = msgspec.msgpack.Decoder(tuple[str, str, msgspec.Raw, int, str | None, int, float, float]).decode
 
 
 @attrs.define
@@ -167,13 +171,18 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _corruption(directory, path, scan.damage_at, scan.damage or "damaged record")
         if tail and not last:
             raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
-        add = table.add
+        add_packed = table.add_packed
         for batch in scan.batches:
             for kind, payload, offset in batch:
                 try:
-                    fields = decode(payload)
-                    # ADD dominates a log; take it without the dispatch.
-                    applied = add(*fields)[1] if kind == ADD else apply_record(table, kind, fields)
+                    if kind == ADD:
+                        # ADD dominates a log: its payload stays msgpack bytes
+                        # (decoded only when the job first runs), no snapshot.
+                        r = _decode_add(payload)
+                        applied = add_packed(r[0], r[1], bytes(r[2]), r[3], r[4], r[5], r[6], r[7]) is None
+                    else:
+                        fields = decode(payload)
+                        applied = apply_record(table, kind, fields)
                 except Exception as exc:
                     raise _corruption(directory, path, offset, f"record does not replay: {exc}") from exc
                 if not applied:
