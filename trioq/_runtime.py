@@ -201,6 +201,7 @@ class Queue:
                     progress = self._progress = trio.Event()
                 counts = await self.store.counts()
                 if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
+                    await self.store.sync()  # and every outcome behind that is durable
                     return
                 await progress.wait()
         finally:

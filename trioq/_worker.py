@@ -122,6 +122,8 @@ class WorkerPool:
         self._watch_at = math.inf
         self._watch_scope: trio.CancelScope | None = None
         self._fatal: Exception | None = None
+        self._unacked: list[str] = []
+        self._ack_wake = trio.Event()
         self._fatal_notes: set[str] = set()
 
     # ------------------------------------------------------------ lifecycle
@@ -132,6 +134,7 @@ class WorkerPool:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._watch_loop)
+                nursery.start_soon(self._ack_loop)
                 for slot in range(self.size):
                     nursery.start_soon(self._work, slot)
                 if self.size == 0:
@@ -343,9 +346,17 @@ class WorkerPool:
                 except ValueError as exc:
                     error = error_text(exc)
             if error is None:
-                if await self._store.succeed(job.id, job.epoch, result):
+                # The worker moves on without waiting for the record to be
+                # durable (its next claim overlaps the fsync); whoever waits
+                # for this job hears of it only once it is (see _ack_loop).
+                if await self._store.succeed(job.id, job.epoch, result, durable=False):
                     self._totals.succeeded += 1
-                    self._on_outcome(job.id, True)
+                    if self._store.unsynced():
+                        self._unacked.append(job.id)
+                        if not self._ack_wake.is_set():
+                            self._ack_wake.set()
+                    else:
+                        self._on_outcome(job.id, True)
             else:
                 await self._fail(job, task, error)
         finally:
@@ -363,6 +374,19 @@ class WorkerPool:
         else:
             self._totals.retried += 1
         self._on_outcome(failed.id, failed.state is JobState.DEAD)
+
+    async def _ack_loop(self) -> None:
+        """Announce successes once the store says they are durable, a group at a time."""
+        try:
+            while True:
+                await self._ack_wake.wait()
+                self._ack_wake = trio.Event()
+                done, self._unacked = self._unacked, []
+                await self._store.sync()
+                for job_id in done:
+                    self._on_outcome(job_id, True)
+        except Exception as exc:
+            self._crash(exc)
 
     # -------------------------------------------------------------- watcher
 

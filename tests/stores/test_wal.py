@@ -651,6 +651,13 @@ async def _drive(wal: str, ops: list[tuple[Any, ...]], max_retained: int) -> tup
         def record() -> None:
             points.append(canon(table, segment.stat().st_size, clock.now))
 
+        async def claim_committed() -> Job | None:
+            # A claim returns before its record is durable (Store.claim);
+            # sync so each recorded state sits at a commit marker.
+            job = await store.claim()
+            await store.sync()
+            return job
+
         async def running() -> list[Job]:
             out = []
             for job_id in ids:
@@ -673,12 +680,12 @@ async def _drive(wal: str, ops: list[tuple[Any, ...]], max_retained: int) -> tup
                 batch = [NewJob("t", {"i": len(ids) + i}, 0, None, 2, clock.now) for i in range(op[1])]
                 ids.extend(j.id for j in await store.add(batch))
             elif name == "claim":
-                job = await store.claim()
+                job = await claim_committed()
                 if job is not None:
                     epochs.setdefault(job.id, []).append(job.epoch)
             elif name in ("succeed", "fail", "release"):
                 held = await running()
-                if not held and (job := await store.claim()) is not None:
+                if not held and (job := await claim_committed()) is not None:
                     epochs.setdefault(job.id, []).append(job.epoch)
                     await store.promote()
                     record()

@@ -99,19 +99,35 @@ class Store(Protocol):
         ...
 
     async def claim(self) -> Job | None:
-        """Claim the best ready job (running, new epoch), or ``None`` if none is ready."""
+        """Claim the best ready job (running, new epoch), or ``None`` if none is ready.
+
+        A claim need not be durable when it returns: after a crash, recovery
+        puts running jobs back to ready anyway, so a lost claim record changes
+        nothing a caller could see (any later durable record makes it durable
+        too, since logs keep order).
+        """
         ...
 
     async def heartbeat(self, job_id: str, epoch: int) -> bool:
         """Whether ``epoch`` still owns the running job ``job_id``."""
         ...
 
-    async def succeed(self, job_id: str, epoch: int, result: Any) -> bool:
+    async def succeed(self, job_id: str, epoch: int, result: Any, *, durable: bool = True) -> bool:
         """Record success; ``False`` (and nothing changes) if the epoch is stale.
 
         Returns a flag, not a snapshot: this is the hottest call of a drain, and
-        the caller knows the outcome already.
+        the caller knows the outcome already. With ``durable=False`` it may
+        return before the record is durable; call :meth:`sync` before telling
+        anyone the job succeeded.
         """
+        ...
+
+    async def sync(self) -> None:
+        """Until every transition applied so far is as durable as the store promises."""
+        ...
+
+    def unsynced(self) -> bool:
+        """Whether some applied transition is not durable yet (:meth:`sync` would wait)."""
         ...
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:

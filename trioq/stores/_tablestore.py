@@ -95,22 +95,27 @@ class TableStore:
         if entry is None:
             return None
         self._record(CLAIM, (entry.id,))
-        job = entry.snapshot()
-        await self._flush()
-        return job
+        return entry.snapshot()  # not flushed: see Store.claim
 
     async def heartbeat(self, job_id: str, epoch: int) -> bool:
         table, _ = self._open()
         return table.holds(job_id, epoch)
 
-    async def succeed(self, job_id: str, epoch: int, result: Any) -> bool:
+    async def succeed(self, job_id: str, epoch: int, result: Any, *, durable: bool = True) -> bool:
         table, config = self._open()
         now = config.clock()
         if table.succeed(job_id, epoch, result, now) is None:
             return False
         self._record(SUCCEED, (job_id, epoch, result, now))
-        await self._flush()
+        if durable:
+            await self._flush()
         return True
+
+    async def sync(self) -> None:
+        await self._flush()
+
+    def unsynced(self) -> bool:
+        return False
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
         table, config = self._open()

@@ -132,6 +132,11 @@ class LogWriter:
             raise batch.error
 
     @property
+    def busy(self) -> bool:
+        """Whether some appended record is not committed yet."""
+        return bool(self._pending) or self._inflight is not None
+
+    @property
     def disk_bytes(self) -> int:
         return sum(size for _, size in self._segments.values())
 

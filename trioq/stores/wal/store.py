@@ -144,6 +144,9 @@ class WALStore(TableStore):
         assert self._writer is not None
         await self._writer.flush()
 
+    def unsynced(self) -> bool:
+        return self._writer is not None and self._writer.busy
+
     def _export(self) -> list[tuple[Any, ...]]:
         assert self._table is not None
         return self._table.export()
