@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -228,10 +227,3 @@ def list_segments(directory: str) -> list[tuple[int, str]]:
             found.append((number, os.path.join(directory, name)))
     found.sort()
     return found
-
-
-def iter_records(scan: Scan) -> Iterator[tuple[int, Any]]:
-    """Decoded ``(type, fields)`` of every committed record of a scan, in order."""
-    for batch in scan.batches:
-        for kind, payload, _ in batch:
-            yield kind, _decoder.decode(payload)

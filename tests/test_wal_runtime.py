@@ -1,0 +1,55 @@
+"""The queue on a WALStore: what a caller is told is already on disk."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+import trioq
+from trioq import JobState
+from trioq._table import JobTable
+from trioq.stores.wal import _writer
+from trioq.stores.wal._recovery import replay
+
+
+def _crash_copy(directory: Path, into: Path) -> JobTable:
+    """What a restart would find if the process died now: replay a copy of the log."""
+    shutil.copytree(directory, into)
+    table = JobTable(max_retained=sys.maxsize)
+    replay(str(into), table)
+    return table
+
+
+async def test_wait_and_join_return_only_after_successes_are_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write_and_sync = _writer.LogWriter._write_and_sync
+
+    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> None:
+        time.sleep(0.02)  # a slow disk: records wait a while before reaching the file
+        real_write_and_sync(self, data)
+
+    monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext, n: int) -> int:
+        return n
+
+    wal = tmp_path / "wal"
+    with trio.fail_after(20):
+        async with trioq.open_queue(registry, store=trioq.WALStore(wal, fsync="always"), workers=4) as queue:
+            job = await queue.enqueue("noop", {"n": 1})
+            done = await queue.wait(job.id)
+            assert done.state is JobState.SUCCEEDED
+            seen = _crash_copy(wal, tmp_path / "after-wait")
+            assert seen.get(job.id).state is JobState.SUCCEEDED and seen.get(job.id).result == 1
+            jobs = await queue.enqueue_many([trioq.JobSpec("noop", {"n": n}) for n in range(50)])
+            await queue.join()
+            seen = _crash_copy(wal, tmp_path / "after-join")
+            assert all(seen.get(j.id).state is JobState.SUCCEEDED for j in jobs)
