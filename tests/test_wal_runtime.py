@@ -30,11 +30,14 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
 ) -> None:
     real_write_and_sync = _writer.LogWriter._write_and_sync
 
-    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> None:
+    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> float:
         time.sleep(0.02)  # a slow disk: records wait a while before reaching the file
-        real_write_and_sync(self, data)
+        return 0.02 + real_write_and_sync(self, data)
 
     monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
+    # Sync in a thread, so the loop runs on while records wait for the disk
+    # (an inline sync would make every commit durable before anything else ran).
+    monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)
     registry = trioq.Registry()
 
     @registry.task
