@@ -82,11 +82,18 @@ class JobContext:
 
     __slots__ = ("_attempt", "_token", "_trio_thread", "job")
 
-    def __init__(self, job: Job, attempt: Attempt) -> None:
+    def __init__(
+        self,
+        job: Job,
+        attempt: Attempt,
+        token: trio.lowlevel.TrioToken | None = None,
+        trio_thread: int | None = None,
+    ) -> None:
         self.job = job
         self._attempt = attempt
-        self._token = trio.lowlevel.current_trio_token()
-        self._trio_thread = threading.get_ident()
+        # The worker pool passes both in (they are the same for every job).
+        self._token = trio.lowlevel.current_trio_token() if token is None else token
+        self._trio_thread = threading.get_ident() if trio_thread is None else trio_thread
 
     @property
     def attempt(self) -> int:

@@ -193,6 +193,11 @@ class JobTable:
         """Jobs waiting to run: ready plus scheduled (what ``max_ready`` bounds)."""
         return self._counts[_READY] + self._counts[_SCHEDULED]
 
+    @property
+    def has_scheduled(self) -> bool:
+        """Whether any job may be scheduled (:meth:`claim_next` then needs the real time)."""
+        return bool(self._scheduled)
+
     def next_run_at(self) -> float | None:
         """The earliest ``run_at`` among scheduled jobs, or ``None`` if there are none."""
         heap = self._scheduled

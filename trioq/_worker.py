@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -123,6 +124,8 @@ class WorkerPool:
         self._watch_scope: trio.CancelScope | None = None
         self._fatal: Exception | None = None
         self._unacked: list[str] = []
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
         self._ack_wake = trio.Event()
         self._fatal_notes: set[str] = set()
 
@@ -252,7 +255,10 @@ class WorkerPool:
                     result, error = await self._run_handler(me, scope, job, task)
                 else:
                     result, error = await self._attempt_elsewhere(me, scope, job, task)
-                if scope.cancel_called:
+                attempt = me.attempt
+                # Only an attempt that had a deadline (a cancel sets one) can
+                # have spent the scope; asking trio costs a clock read per job.
+                if attempt is not None and attempt.deadline != math.inf and scope.cancel_called:
                     break  # settle outside the spent scope
                 await self._settle(me, result, error)
                 if me.stuck:
@@ -305,9 +311,10 @@ class WorkerPool:
         try:
             kind = task.kind
             if kind == "async":
-                return await task.fn(JobContext(job, attempt), **job.payload), None
+                return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload), None
             if kind == "thread":
-                return await self._threads.call(task.fn, JobContext(job, attempt), job.payload), None
+                ctx = JobContext(job, attempt, self._token, self._trio_thread)
+                return await self._threads.call(task.fn, ctx, job.payload), None
             return await self._processes.call(task.fn, attempt, me.slot, job.payload), None
         except BaseException as exc:
             if scope.cancel_called:

@@ -91,7 +91,8 @@ class TableStore:
 
     async def claim(self) -> Job | None:
         table, config = self._open()
-        entry = table.claim_next(config.clock())
+        # The time matters only for promoting scheduled jobs.
+        entry = table.claim_next(config.clock() if table.has_scheduled else 0.0)
         if entry is None:
             return None
         self._record(CLAIM, (entry.id,))
