@@ -263,25 +263,41 @@ class JobTable:
             existing = self._keys.get(key)
             if existing is not None:
                 return existing
-        jobs = self._jobs
-        if job_id in jobs:
+        if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         seq = self._next_seq
         self._next_seq = seq + 1
+        state = _SCHEDULED if run_at > now else _READY
+        self._insert_cold(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq)
+        return None
+
+    def _insert_cold(
+        self,
+        job_id: str,
+        task: str,
+        payload: bytes,
+        state: JobState,
+        priority: int,
+        key: str | None,
+        max_attempts: int,
+        run_at: float,
+        created_at: float,
+        seq: int,
+    ) -> None:
+        """File a never-run ready or scheduled job in its cold form."""
         item = (run_at, seq, job_id)
-        if run_at > now:
-            state = _SCHEDULED
-            heapq.heappush(self._scheduled, item)
-        else:
-            state = _READY
+        if state is _READY:
             self._ready.push(priority, item)
+        else:
+            heapq.heappush(self._scheduled, item)
         if payload == _EMPTY_MAP:
             payload = b""
-        jobs[job_id] = (job_id, task, payload, state.value, priority, key, max_attempts, run_at, now, seq, item)
+        self._jobs[job_id] = (
+            job_id, task, payload, state.value, priority, key, max_attempts, run_at, created_at, seq, item,
+        )  # fmt: skip
         if key is not None:
             self._keys[key] = job_id
         self._counts[state] += 1
-        return None
 
     def claim_next(self, now: float) -> Entry | None:
         """Claim the best ready job at ``now`` (promoting due scheduled jobs first).
@@ -512,20 +528,10 @@ class JobTable:
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
+        self._next_seq = max(self._next_seq, seq + 1)
         if (job_state is _READY or job_state is _SCHEDULED) and attempts == 0 and epoch == 0 and error is None:
-            item = (run_at, seq, job_id)
-            if job_state is _READY:
-                self._ready.push(priority, item)
-            else:
-                heapq.heappush(self._scheduled, item)
-            self._jobs[job_id] = (
-                job_id, task, _pack(payload), job_state.value, priority, key, max_attempts,
-                run_at, created_at, seq, item,
-            )  # fmt: skip
-            if key is not None:
-                self._keys[key] = job_id
-            self._counts[job_state] += 1
-            self._next_seq = max(self._next_seq, seq + 1)
+            packed = _pack(payload)
+            self._insert_cold(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
             return
         entry = Entry(job_id, task, payload, job_state, priority, key, max_attempts, run_at, created_at, seq)
         entry.attempts = attempts
@@ -537,7 +543,6 @@ class JobTable:
         if key is not None:
             self._keys[key] = job_id
         self._counts[job_state] += 1
-        self._next_seq = max(self._next_seq, seq + 1)
         if job_state.terminal:
             self._terminal[job_id] = entry
         elif job_state is not _RUNNING:
