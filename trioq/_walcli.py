@@ -13,23 +13,25 @@ from .stores.wal._recovery import Recovery, replay
 __all__ = ["inspect_command", "verify_command"]
 
 
-def _read(directory: str) -> tuple[JobTable, Recovery]:
+def _read(command: str, directory: str, err: TextIO) -> tuple[JobTable, Recovery] | int:
+    """Replay ``directory`` read-only; on failure, report it and return the exit status."""
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"no WAL directory at {directory}")
+        print(f"trioq wal {command}: no WAL directory at {directory}", file=err)
+        return 2
     table = JobTable(max_retained=sys.maxsize)
-    return table, replay(directory, table, repair=False)
+    try:
+        return table, replay(directory, table, repair=False)
+    except WALCorruption as exc:
+        print(f"trioq wal {command}: DAMAGED: {exc}", file=err)
+        return 1
 
 
 def verify_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Check every segment; exit status 0 when the log replays cleanly (a torn tail is not damage)."""
-    try:
-        table, recovery = _read(directory)
-    except FileNotFoundError as exc:
-        print(f"trioq wal verify: {exc}", file=err)
-        return 2
-    except WALCorruption as exc:
-        print(f"trioq wal verify: DAMAGED: {exc}", file=err)
-        return 1
+    read = _read("verify", directory, err)
+    if isinstance(read, int):
+        return read
+    table, recovery = read
     torn = ""
     if recovery.truncated_bytes:
         torn = (
@@ -46,14 +48,10 @@ def verify_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.s
 
 def inspect_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Print job counts per state, the segments with their sizes, and the last checkpoint."""
-    try:
-        table, recovery = _read(directory)
-    except FileNotFoundError as exc:
-        print(f"trioq wal inspect: {exc}", file=err)
-        return 2
-    except WALCorruption as exc:
-        print(f"trioq wal inspect: DAMAGED: {exc}", file=err)
-        return 1
+    read = _read("inspect", directory, err)
+    if isinstance(read, int):
+        return read
+    table, recovery = read
     print(f"WAL directory {directory}", file=out)
     print("jobs by state:", file=out)
     for state, n in table.counts().items():
