@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -29,10 +29,14 @@ class Attempt:
     :meth:`JobContext.heartbeat`, which hops to trio).
     """
 
-    __slots__ = ("deadline", "ended", "heartbeat_timeout", "in_handler", "job", "scope", "task", "timeout_at")
+    __slots__ = ("deadline", "ended", "heartbeat_timeout", "in_handler", "job", "scope", "task", "timeout_at", "worker")
 
-    def __init__(self, job: Job, task: TaskDef, heartbeat_timeout: float | None, scope: trio.CancelScope) -> None:
+    def __init__(
+        self, job: Job, task: TaskDef, heartbeat_timeout: float | None, scope: trio.CancelScope, worker: Any = None
+    ) -> None:
         self.job = job
+        #: The worker running this attempt (the pool's own record of it).
+        self.worker = worker
         self.task = task
         self.scope = scope
         self.heartbeat_timeout = heartbeat_timeout

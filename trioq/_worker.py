@@ -114,7 +114,7 @@ class WorkerPool:
         self._lot = trio.lowlevel.ParkingLot()
         self._ready_generation = 0
         self._stopping = False
-        self._attempts: dict[str, tuple[Attempt, _Worker]] = {}
+        self._attempts: dict[str, Attempt] = {}  # by job id, while the handler runs
         self._healthy = 0
         self._stuck = 0
         self._replaced = 0
@@ -188,17 +188,16 @@ class WorkerPool:
 
     def cancel_attempt(self, job_id: str, epoch: int) -> None:
         """Stop the attempt running ``job_id`` under ``epoch`` (the job was cancelled)."""
-        found = self._attempts.get(job_id)
-        if found is None or found[0].job.epoch != epoch:
+        attempt = self._attempts.get(job_id)
+        if attempt is None or attempt.job.epoch != epoch:
             return
-        attempt = found[0]
         attempt.ended = True  # the store already recorded the outcome: cancelled
         attempt.set_deadline(trio.current_time())
         attempt.scope.cancel()
         self._watch(attempt.deadline)
 
     def stats(self) -> dict[str, int]:
-        busy = sum(1 for attempt, worker in self._attempts.values() if not worker.stuck)
+        busy = sum(1 for attempt in self._attempts.values() if not attempt.worker.stuck)
         return {
             "configured": self.size,
             "busy": busy,
@@ -301,9 +300,9 @@ class WorkerPool:
         self, me: _Worker, scope: trio.CancelScope, job: Job, task: TaskDef
     ) -> tuple[Any, str | None]:
         heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
-        attempt = Attempt(job, task, heartbeat_timeout, scope)
+        attempt = Attempt(job, task, heartbeat_timeout, scope, me)
         me.attempt = attempt
-        self._attempts[job.id] = (attempt, me)
+        self._attempts[job.id] = attempt
         if attempt.deadline != math.inf:
             scope.deadline = attempt.deadline
             self._watch(attempt.deadline)
@@ -329,7 +328,7 @@ class WorkerPool:
             attempt.in_handler = False
             if scope.deadline != math.inf:
                 scope.deadline = math.inf
-            if self._attempts.get(job.id, (None,))[0] is attempt:
+            if self._attempts.get(job.id) is attempt:
                 del self._attempts[job.id]
 
     async def _settle(self, me: _Worker, result: Any, error: str | None) -> None:
@@ -415,10 +414,10 @@ class WorkerPool:
         while True:
             now = trio.current_time()
             next_at = math.inf
-            for attempt, worker in list(self._attempts.values()):
+            for attempt in list(self._attempts.values()):
                 stuck_at = attempt.deadline + STUCK_GRACE
                 if now >= stuck_at:
-                    await self._declare_stuck(attempt, worker)
+                    await self._declare_stuck(attempt, attempt.worker)
                 else:
                     next_at = min(next_at, stuck_at)
             self._watch_at = next_at
@@ -428,7 +427,7 @@ class WorkerPool:
 
     async def _declare_stuck(self, attempt: Attempt, worker: _Worker) -> None:
         job = attempt.job
-        if self._attempts.get(job.id, (None,))[0] is attempt:
+        if self._attempts.get(job.id) is attempt:
             del self._attempts[job.id]
         worker.stuck = True
         self._healthy -= 1

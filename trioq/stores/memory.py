@@ -20,6 +20,8 @@ class MemoryStore(TableStore):
     its jobs (running ones are released when a session ends).
     """
 
+    logs = False
+
     def __init__(self) -> None:
         super().__init__()
         self._in_use = False
