@@ -212,6 +212,17 @@ class Queue:
         counts = await self.store.counts()
         return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats()}
 
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the queue can run work now, and why not: for ``/readyz``.
+
+        Ready means open (not shutting down) with at least one healthy worker.
+        """
+        if self._closing:
+            return False, "the queue is shutting down"
+        if self._pool.stats()["healthy"] == 0:
+            return False, "no healthy worker (all stuck, or a producer-only queue)"
+        return True, "ok"
+
     # ------------------------------------------------------------- changing
 
     async def cancel(self, job_id: str) -> Job:

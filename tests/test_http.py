@@ -1,0 +1,215 @@
+"""The HTTP app through Quart's test client, on the autojump clock: every route, every error."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from quart import Blueprint
+from quart_trio import QuartTrio
+
+import trioq
+from trioq.http import blueprint, create_app
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def make_registry() -> trioq.Registry:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def echo(ctx: trioq.JobContext, text: str = "") -> str:
+        return text
+
+    @registry.task(max_attempts=1)
+    async def boom(ctx: trioq.JobContext) -> None:
+        raise RuntimeError("no")
+
+    @registry.task
+    async def slow(ctx: trioq.JobContext) -> None:
+        await trio.sleep(100)
+
+    return registry
+
+
+@pytest.fixture
+async def queue(autojump_clock: trio.testing.MockClock) -> AsyncIterator[trioq.Queue]:
+    async with trioq.open_queue(make_registry(), workers=2, max_ready=5, shutdown_grace=0) as q:
+        yield q
+
+
+@pytest.fixture
+async def client(queue: trioq.Queue) -> AsyncIterator[Any]:
+    app = create_app(queue, token=TOKEN, max_body=2048)
+    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 0.1
+    async with app.test_app() as test_app:
+        yield test_app.test_client()
+
+
+async def test_health_and_readiness_need_no_token(client: Any, queue: trioq.Queue) -> None:
+    response = await client.get("/healthz")
+    assert response.status_code == 200 and (await response.get_json()) == {"status": "ok"}
+    response = await client.get("/readyz")
+    assert response.status_code == 200 and (await response.get_json())["ready"] is True
+
+
+async def test_submit_poll_and_result(client: Any, queue: trioq.Queue) -> None:
+    response = await client.post("/jobs", json={"task": "echo", "payload": {"text": "hi"}}, headers=AUTH)
+    assert response.status_code == 202
+    body = await response.get_json()
+    assert set(body) == {"id", "state"} and body["state"] == "ready"
+    await queue.wait(body["id"])
+    response = await client.get(f"/jobs/{body['id']}", headers=AUTH)
+    job = await response.get_json()
+    assert response.status_code == 200 and job["state"] == "succeeded" and job["result"] == "hi"
+
+
+async def test_batch_is_all_or_nothing(client: Any, queue: trioq.Queue) -> None:
+    good = {"jobs": [{"task": "echo"}, {"task": "echo", "payload": {"text": "x"}, "priority": 3}]}
+    response = await client.post("/jobs/batch", json=good, headers=AUTH)
+    assert response.status_code == 202
+    assert [j["state"] for j in (await response.get_json())["jobs"]] == ["ready", "ready"]
+    before = (await queue.stats())["totals"]["enqueued"]
+    for bad, field in [
+        ({"jobs": [{"task": "echo"}, {"task": "nope"}]}, "jobs[1].task"),
+        ({"jobs": [{"task": "echo"}, {"task": "echo", "delay": -1}]}, "jobs[1].delay"),
+        ({"jobs": [{"task": "echo"}, {"payload": {}}]}, "jobs[1].task"),
+        ({"jobs": [{"task": "echo", "colour": "red"}]}, "jobs[0].colour"),
+        ({"jobs": []}, "jobs"),
+        ({"jobs": "echo"}, "jobs"),
+    ]:
+        response = await client.post("/jobs/batch", json=bad, headers=AUTH)
+        assert response.status_code == 400, bad
+        assert (await response.get_json())["field"] == field
+    assert (await queue.stats())["totals"]["enqueued"] == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "task"),
+        ({"task": 5}, "task"),
+        ({"task": "nope"}, "task"),
+        ({"task": "echo", "payload": [1]}, "payload"),
+        ({"task": "echo", "payload": {"nope": 1}}, "payload"),
+        ({"task": "echo", "delay": "soon"}, "delay"),
+        ({"task": "echo", "delay": True}, "delay"),
+        ({"task": "echo", "priority": 1.5}, "priority"),
+        ({"task": "echo", "key": ""}, "key"),
+        ({"task": "echo", "max_attempts": 0}, "max_attempts"),
+        ({"task": "echo", "extra": 1}, "extra"),
+    ],
+)
+async def test_bad_job_fields_are_400_naming_the_field(client: Any, body: dict[str, Any], field: str) -> None:
+    response = await client.post("/jobs", json=body, headers=AUTH)
+    assert response.status_code == 400
+    data = await response.get_json()
+    assert data["field"] == field and data["error"]
+
+
+async def test_malformed_json_and_non_object_bodies(client: Any) -> None:
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+        response = await client.post("/jobs", data=raw, headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 400, raw
+        assert "error" in await response.get_json()
+
+
+async def test_body_over_the_limit_is_413(client: Any) -> None:
+    big = {"task": "echo", "payload": {"text": "x" * 4096}}
+    response = await client.post("/jobs", json=big, headers=AUTH)
+    assert response.status_code == 413
+    assert "over 2048 bytes" in (await response.get_json())["error"]
+
+
+async def test_token_is_required_everywhere_but_health(client: Any) -> None:
+    for method, path in [("GET", "/stats"), ("GET", "/metrics"), ("POST", "/jobs"), ("GET", "/jobs/x")]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+            response = await client.open(path, method=method, headers=headers, json={"task": "echo"})
+            assert response.status_code == 401, (method, path, headers)
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+            assert (await response.get_json())["error"]
+
+
+async def test_unknown_job_is_404_and_cancel_and_retry(client: Any, queue: trioq.Queue) -> None:
+    response = await client.get("/jobs/nope", headers=AUTH)
+    assert response.status_code == 404 and "nope" in (await response.get_json())["error"]
+    assert (await client.delete("/jobs/nope", headers=AUTH)).status_code == 404
+    assert (await client.post("/jobs/nope/retry", headers=AUTH)).status_code == 404
+
+    slow = await queue.enqueue("slow", delay=50)
+    response = await client.delete(f"/jobs/{slow.id}", headers=AUTH)
+    assert response.status_code == 200 and (await response.get_json())["state"] == "cancelled"
+    response = await client.post(f"/jobs/{slow.id}/retry", headers=AUTH)
+    assert response.status_code == 200 and (await response.get_json())["state"] == "ready"
+    await queue.cancel(slow.id)
+
+    failed = await queue.enqueue("boom")
+    await queue.wait(failed.id)
+    response = await client.post(f"/jobs/{failed.id}/retry", headers=AUTH)
+    assert response.status_code == 200 and (await response.get_json())["attempts"] == 0
+    ready = await queue.enqueue("slow", delay=500)
+    response = await client.post(f"/jobs/{ready.id}/retry", headers=AUTH)
+    assert response.status_code == 409 and (await response.get_json())["field"] == "state"
+
+
+async def test_queue_full_is_503_with_retry_after(client: Any, queue: trioq.Queue) -> None:
+    for _ in range(5):
+        await queue.enqueue("slow", delay=100)
+    response = await client.post("/jobs", json={"task": "echo"}, headers=AUTH)
+    assert response.status_code == 503
+    assert int(response.headers["Retry-After"]) >= 1
+    assert "full" in (await response.get_json())["error"]
+
+
+async def test_stats_and_metrics(client: Any, queue: trioq.Queue) -> None:
+    job = await queue.enqueue("echo", {"text": "a"})
+    await queue.wait(job.id)
+    stats = await (await client.get("/stats", headers=AUTH)).get_json()
+    assert stats["totals"]["succeeded"] == 1 and stats["jobs"]["succeeded"] == 1
+    response = await client.get("/metrics", headers=AUTH)
+    text = (await response.get_data()).decode()
+    assert response.status_code == 200 and response.content_type.startswith("text/plain")
+    assert 'trioq_jobs{state="succeeded"} 1.0' in text
+    assert "trioq_succeeded_total 1.0" in text and "trioq_workers_healthy 2.0" in text
+
+
+async def test_unknown_routes_and_methods_answer_json(client: Any) -> None:
+    response = await client.get("/nope", headers=AUTH)
+    assert response.status_code == 404 and "error" in await response.get_json()
+    response = await client.put("/jobs", headers=AUTH)
+    assert response.status_code == 405 and "error" in await response.get_json()
+
+
+async def test_readyz_is_503_while_no_worker_is_healthy(autojump_clock: trio.testing.MockClock) -> None:
+    async with trioq.open_queue(make_registry(), workers=0) as producer:
+        app = create_app(producer)
+        async with app.test_app() as test_app:
+            response = await test_app.test_client().get("/readyz")
+            assert response.status_code == 503
+            body = await response.get_json()
+            assert body["ready"] is False and "worker" in body["reason"]
+            # Without a token, the other routes are open.
+            assert (await test_app.test_client().get("/stats")).status_code == 200
+
+
+async def test_blueprint_mounts_into_a_users_app(queue: trioq.Queue) -> None:
+    app = QuartTrio("users-app")
+    mine = Blueprint("mine", __name__)
+
+    @mine.get("/hello")
+    async def hello() -> str:
+        return "hello"
+
+    app.register_blueprint(mine)
+    app.register_blueprint(blueprint(queue, token=TOKEN, max_body=64), url_prefix="/queue")
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        assert (await client.get("/hello")).status_code == 200
+        response = await client.post("/queue/jobs", json={"task": "echo"}, headers=AUTH)
+        assert response.status_code == 202
+        big = await client.post("/queue/jobs", json={"task": "echo", "payload": {"text": "x" * 100}}, headers=AUTH)
+        assert big.status_code == 413
