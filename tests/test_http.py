@@ -175,6 +175,8 @@ async def test_stats_and_metrics(client: Any, queue: trioq.Queue) -> None:
     assert response.status_code == 200 and response.content_type.startswith("text/plain")
     assert 'trioq_jobs{state="succeeded"} 1.0' in text
     assert "trioq_succeeded_total 1.0" in text and "trioq_workers_healthy 2.0" in text
+    assert 'trioq_run_seconds_count{task="echo"} 1.0' in text
+    assert 'trioq_queue_wait_seconds_bucket{le="0.0005",task="echo"} 1.0' in text
 
 
 async def test_unknown_routes_and_methods_answer_json(client: Any) -> None:

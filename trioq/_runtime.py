@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -211,6 +211,14 @@ class Queue:
         """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers``."""
         counts = await self.store.counts()
         return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats()}
+
+    def observe_attempts(self, observer: Callable[[str, float, float], None]) -> None:
+        """Call ``observer(task, queue_wait_s, run_s)`` after every attempt (metrics use this).
+
+        ``queue_wait_s`` runs from the job's ``run_at`` to the attempt's start.
+        Observers run on the worker's path: keep them cheap.
+        """
+        self._pool.observers.append(observer)
 
     def readiness(self) -> tuple[bool, str]:
         """Whether the queue can run work now, and why not: for ``/readyz``.

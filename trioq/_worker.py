@@ -59,6 +59,7 @@ class _Worker:
     """One worker task's state: the job it holds (claimed, not yet settled)."""
 
     slot: int
+    started: float = 0.0  # wall-clock start of the current attempt (kept only for observers)
     job: Job | None = None
     task: TaskDef | None = None
     attempt: Attempt | None = None
@@ -124,6 +125,8 @@ class WorkerPool:
         self._watch_scope: trio.CancelScope | None = None
         self._fatal: Exception | None = None
         self._unacked: list[str] = []
+        #: Called as ``observer(task, queue_wait_s, run_s)`` after each attempt.
+        self.observers: list[Callable[[str, float, float], None]] = []
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
         self._ack_wake = trio.Event()
@@ -300,6 +303,8 @@ class WorkerPool:
         self, me: _Worker, scope: trio.CancelScope, job: Job, task: TaskDef
     ) -> tuple[Any, str | None]:
         heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
+        if self.observers:
+            me.started = self._clock()
         attempt = Attempt(job, task, heartbeat_timeout, scope, me)
         me.attempt = attempt
         self._attempts[job.id] = attempt
@@ -335,6 +340,10 @@ class WorkerPool:
         """Record the outcome of ``me``'s attempt under its epoch, unless already decided."""
         job, attempt, task = me.job, me.attempt, me.task
         assert job is not None
+        if self.observers and task is not None:
+            now = self._clock()
+            for observer in self.observers:
+                observer(task.name, max(me.started - job.run_at, 0.0), now - me.started)
         try:
             if attempt is not None:
                 if attempt.ended:

@@ -5,7 +5,9 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
     GET    /healthz            200 while the process runs
     GET    /readyz             200 when the queue can run work, else 503 with the reason
     GET    /stats              queue.stats()
-    GET    /metrics            Prometheus text (gauges and counters prefixed trioq_)
+    GET    /metrics            Prometheus text: gauges and counters prefixed trioq_, and
+                               histograms of queue wait and run time per task
+    GET    /openapi.json       this API as an OpenAPI 3.1 document
     POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?} -> 202
     POST   /jobs/batch         {"jobs": [...]} -> 202, all or nothing
     GET    /jobs/<id>          the job
@@ -28,19 +30,20 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 
 from ._model import InvalidJob, JobNotFound, JobSpec, QueueFull, TrioqError, UnknownTask
+from ._openapi import openapi_spec
 from ._runtime import Queue
 
 __all__ = ["blueprint", "create_app"]
 
 DEFAULT_MAX_BODY = 1024 * 1024
 _JOB_FIELDS = frozenset({"task", "payload", "delay", "priority", "key", "max_attempts"})
-_OPEN_ROUTES = frozenset({"/healthz", "/readyz"})
+_OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
 
 
 class _HTTPError(Exception):
@@ -134,6 +137,17 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     metrics = _Metrics(queue)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
+    buckets = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300)
+    waits = Histogram(
+        "trioq_queue_wait_seconds", "From run_at to attempt start", ["task"], registry=registry, buckets=buckets
+    )
+    runs = Histogram("trioq_run_seconds", "Attempt run time", ["task"], registry=registry, buckets=buckets)
+
+    def observe(task: str, wait: float, run: float) -> None:
+        waits.labels(task).observe(wait)
+        runs.labels(task).observe(run)
+
+    queue.observe_attempts(observe)
     expected = None if token is None else token.encode()
 
     @bp.before_request
@@ -169,6 +183,10 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     async def readyz() -> Response:
         ready, reason = queue.readiness()
         return _json({"ready": ready, "reason": reason}, 200 if ready else 503)
+
+    @bp.get("/openapi.json")
+    async def openapi() -> Response:
+        return _json(openapi_spec())
 
     @bp.get("/stats")
     @handled
