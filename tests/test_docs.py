@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,13 +32,17 @@ def test_readme_commands_are_the_contract() -> None:
     assert 'pip install -e ".[dev]" && pytest' in readme
 
 
-def test_trioq_demo_runs() -> None:
+@pytest.mark.slow
+def test_trioq_demo_runs_kills_the_server_and_loses_nothing() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "trioq.cli", "demo", "--jobs", "50"],
+        [sys.executable, "-m", "trioq.cli", "demo", "--jobs", "200"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "succeeded" in proc.stdout and "50" in proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kill -9 after" in proc.stdout
+    assert re.search(r"jobs acknowledged by the server\s+200\n", proc.stdout)
+    assert re.search(r"acknowledged but unfinished \(must be 0\)\s+0\n", proc.stdout)
+    assert "every acknowledged job finished" in proc.stdout

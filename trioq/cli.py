@@ -1,69 +1,80 @@
-"""The ``trioq`` command line: ``trioq demo`` for now; ``serve``, ``loadgen`` and
-``wal`` arrive with the WAL store and the HTTP service."""
+"""The ``trioq`` command: ``serve``, ``loadgen``, ``demo`` and ``wal verify|inspect``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import trio
-
-from ._model import JobSpec
-from ._registry import Registry
-from ._runtime import open_queue
 
 __all__ = ["main"]
 
 
-async def _demo(jobs: int, workers: int) -> None:
-    registry = Registry()
-    attempts: dict[int, int] = {}
-
-    @registry.task(max_attempts=5)
-    async def flaky(ctx: object, n: int) -> int:
-        attempts[n] = attempts.get(n, 0) + 1
-        await trio.sleep(0.002)
-        if n % 5 == 0 and attempts[n] == 1:
-            raise RuntimeError(f"job {n} fails on its first attempt")
-        return n * n
-
-    started = time.perf_counter()
-    async with open_queue(registry, workers=workers) as queue:
-        await queue.enqueue_many([JobSpec("flaky", {"n": n}) for n in range(jobs)])
-        await queue.join()
-        stats = await queue.stats()
-    elapsed = time.perf_counter() - started
-    counts, totals = stats["jobs"], stats["totals"]
-    print("trioq demo (in memory; the HTTP service and kill -9 recovery demo arrive with `trioq serve`)")
-    print(f"  jobs enqueued      {totals['enqueued']:>8}")
-    print(f"  succeeded          {counts['succeeded']:>8}")
-    print(f"  dead               {counts['dead']:>8}")
-    print(f"  failed attempts    {totals['failed_attempts']:>8}  (every 5th job fails once, then retries)")
-    print(f"  workers            {workers:>8}")
-    print(f"  wall time          {elapsed:>8.2f} s")
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trioq", description="A job runtime for trio applications.")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run a short demonstration")
-    demo.add_argument("--jobs", type=int, default=500)
-    demo.add_argument("--workers", type=int, default=16)
+
+    serve = commands.add_parser("serve", help="serve a queue over HTTP (queue and hypercorn in one nursery)")
+    serve.add_argument("--app", metavar="MOD:REGISTRY", help="your trioq.Registry (built-in tasks are added)")
+    serve.add_argument("--wal", default="./trioq-data", metavar="DIR", help="WAL directory (default ./trioq-data)")
+    serve.add_argument("--memory", action="store_true", help="keep jobs in memory instead of a WAL")
+    serve.add_argument("--workers", type=int, default=16)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--token", help="bearer token required by every route but health (or env TRIOQ_TOKEN)")
+    serve.add_argument("--max-ready", type=_positive_int, default=None)
+    serve.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
+    serve.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
+    serve.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
+
+    load = commands.add_parser("loadgen", help="drive a running server with simulated jobs; print one JSON line")
+    load.add_argument("--url", required=True)
+    load.add_argument("--jobs", type=_positive_int, default=1000)
+    load.add_argument("--clients", type=_positive_int, default=8)
+    load.add_argument("--batch", type=_positive_int, default=1)
+    load.add_argument("--work-ms", type=float, default=20.0)
+    load.add_argument("--fail-prob", type=float, default=0.0)
+    load.add_argument("--hang-prob", type=float, default=0.0)
+    load.add_argument("--token", default=None)
+    load.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the queue to drain")
+
+    demo = commands.add_parser("demo", help="serve, load with failures and hangs, kill -9, restart, check")
+    demo.add_argument("--jobs", type=_positive_int, default=2000)
+
     wal = commands.add_parser("wal", help="look at a WAL directory").add_subparsers(dest="wal_command", required=True)
     verify = wal.add_parser("verify", help="check every segment; exit 0 if the log replays cleanly")
     verify.add_argument("directory")
     inspect = wal.add_parser("inspect", help="job counts per state, segments and sizes, last checkpoint")
     inspect.add_argument("directory")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        trio.run(_demo, args.jobs, args.workers)
-    elif args.command == "wal":
-        from ._walcli import inspect_command, verify_command
+    return parser
 
-        command = verify_command if args.wal_command == "verify" else inspect_command
-        return command(args.directory)
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from ._serve import serve
+
+        trio.run(serve, args)
+        return 0
+    if args.command == "loadgen":
+        from ._loadgen import main as loadgen_main
+
+        return loadgen_main(args)
+    if args.command == "demo":
+        from ._demo import demo
+
+        return demo(args.jobs)
+    from ._walcli import inspect_command, verify_command
+
+    command = verify_command if args.wal_command == "verify" else inspect_command
+    return command(args.directory)
 
 
 if __name__ == "__main__":
