@@ -1,0 +1,191 @@
+"""Plot the benchmark JSON lines in ``benchmarks/results/*.jsonl`` as PNGs in ``docs/img/``.
+
+Run from the repository root after the benchmarks::
+
+    python benchmarks/plot.py                     # every results file it knows how to plot
+    python benchmarks/plot.py --results DIR --out DIR
+
+matplotlib is not a trioq dependency; install it yourself (``pip install
+matplotlib``). Figures written (each only if its data is there):
+
+``seed_orchd_throughput.png``
+    orchd experiment A: throughput against workers for trioq over HTTP, the bare
+    trio memory channel measured in the same run, the ideal ``workers / 0.020``,
+    orchd's published points and, if ``core.jsonl`` has them, trioq in-process.
+``seed_orchd_reliability.png``
+    orchd experiments B and C: completion % with the feature off and on, and
+    the time each took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(results: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every results file's JSON lines, by file stem (lines that do not parse are skipped)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(results.glob("*.jsonl")):
+        lines = []
+        for raw in path.read_text().splitlines():
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError:
+                print(f"plot: skipping a line of {path.name} that is not JSON", file=sys.stderr)
+        out[path.stem] = lines
+    return out
+
+
+def plot_throughput(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    rows = sorted(
+        (r for r in data.get("seed_orchd", []) if r.get("section") == "throughput"), key=lambda r: r["workers"]
+    )
+    if not rows:
+        return None
+    workers = [r["workers"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    ax.plot(workers, [r["ideal_jobs_per_s"] for r in rows], ":", color="grey", label="ideal (workers / 20 ms)")
+    ax.plot(
+        workers,
+        [r["bare_channel_jobs_per_s"] for r in rows],
+        "s--",
+        color="tab:green",
+        label="bare trio memory channel (same run)",
+    )
+    ax.plot(
+        workers,
+        [r["trioq_http_jobs_per_s"] for r in rows],
+        "o-",
+        color="tab:blue",
+        label="trioq serve over HTTP (WAL, fsync always)",
+    )
+    for r in rows:
+        ax.annotate(
+            f"{r['trioq_http_jobs_per_s']:,.0f}\n({r['ratio']:.2f}x bare)",
+            (r["workers"], r["trioq_http_jobs_per_s"]),
+            textcoords="offset points",
+            xytext=(8, -22),
+            fontsize=8,
+            color="tab:blue",
+        )
+    core = [r for r in data.get("core", []) if r.get("section") == "sleep_bound"]
+    if core:
+        core.sort(key=lambda r: r["workers"])
+        ax.plot(
+            [r["workers"] for r in core],
+            [r["trioq_jobs_per_s"] for r in core],
+            "^",
+            color="tab:purple",
+            markersize=9,
+            zorder=5,
+            label="trioq in-process, MemoryStore (core.py)",
+        )
+    orchd = sorted({(r["workers"], r["orchd_jobs_per_s"]) for r in rows if "orchd_jobs_per_s" in r})
+    if orchd:
+        ax.plot(
+            [w for w, _ in orchd],
+            [v for _, v in orchd],
+            "X",
+            markersize=11,
+            color="tab:red",
+            linestyle="none",
+            label="orchd (published)",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(workers)
+    ax.set_xticklabels([str(w) for w in workers])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("jobs/s (log)")
+    ax.set_title("orchd experiment A: sim jobs of 20 ms, throughput vs workers")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path = out / "seed_orchd_throughput.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_reliability(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    rows = {(r["section"], r["arm"]): r for r in data.get("seed_orchd", []) if r.get("section") in ("retries", "hangs")}
+    if not rows:
+        return None
+    panels = [
+        ("retries", "B: 20% failures\nretries off / on (5 attempts)", 99.9),
+        ("hangs", "C: 1% hangs\nheartbeat off / on (0.2 s)", 100.0),
+    ]
+    panels = [p for p in panels if any(k[0] == p[0] for k in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.5), squeeze=False)
+    for ax, (section, title, target) in zip(axes[0], panels, strict=True):
+        arms = [a for a in ("off", "on") if (section, a) in rows]
+        values = [rows[(section, a)]["completion_pct_median"] for a in arms]
+        bars = ax.bar(arms, values, color=["tab:grey" if a == "off" else "tab:blue" for a in arms])
+        for bar, arm in zip(bars, arms, strict=True):
+            r = rows[(section, arm)]
+            when = f"{r['time_s_median']:.2f} s" if all(r["drained_rounds"]) else f"cut at {r['time_s_median']:.0f} s"
+            ax.annotate(
+                f"{r['completion_pct_median']:g}%\n{when}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=9,
+                xytext=(0, 3),
+                textcoords="offset points",
+            )
+        ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label=f"target (on) {target:g}%")
+        low = min([*values, target])
+        ax.set_ylim(max(0.0, low - 10), 100 + 0.12 * (100 - max(0.0, low - 10)))
+        ax.set_ylabel("completion % (median of rounds)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("orchd experiments B and C over HTTP (trioq serve, WAL fsync always)", fontsize=11)
+    fig.tight_layout()
+    path = out / "seed_orchd_reliability.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=_ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=_ROOT / "docs" / "img")
+    args = parser.parse_args()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(
+            "plot.py needs matplotlib, which is not a trioq dependency: install it with "
+            "`pip install matplotlib` (e.g. `.venv/bin/pip install matplotlib`) and run again.",
+            file=sys.stderr,
+        )
+        return 2
+    data = load(args.results)
+    if not data:
+        print(f"plot: no *.jsonl files in {args.results}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = [p for p in (plot_throughput(plt, data, args.out), plot_reliability(plt, data, args.out)) if p]
+    if not written:
+        print("plot: nothing to plot (no seed_orchd lines found)", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path.relative_to(_ROOT) if path.is_relative_to(_ROOT) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

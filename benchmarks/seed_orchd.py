@@ -1,0 +1,434 @@
+"""orchd's three seed experiments, reproduced over HTTP against a real ``trioq serve``.
+
+Run from the repository root::
+
+    python benchmarks/seed_orchd.py                 # full run, about 2.5 minutes on 2 cores
+    python benchmarks/seed_orchd.py --quick         # smoke test, about 40 s
+    python benchmarks/seed_orchd.py --only throughput
+
+Every measurement is one JSON line on stdout (progress goes to stderr). Each
+measurement starts a fresh server: ``python -m trioq.cli serve`` in a
+subprocess on 127.0.0.1 and a free port, with a temporary ``--wal`` directory
+and ``--fsync always``; it is killed (SIGKILL to its process group) in a
+``finally`` and the directory removed. Load always comes from a *separate
+process*, never from this one, so the client's CPU is not the server's:
+
+``throughput`` (orchd experiment A)
+    2,000 ``sim`` jobs of 20 ms at 1/4/16/64 workers (fewer jobs at 1 and 4
+    workers to bound the run time; the line says how many), submitted by
+    ``python -m trioq.cli loadgen --batch 50 --clients 8``; its
+    ``throughput_jobs_s`` (jobs succeeded / time from first submit to the queue
+    seen drained, polling ``/stats`` every 50 ms) is the trioq figure. The
+    baseline, measured in the same run alternating with trioq, is a bare trio
+    memory channel in *this* process, prefilled and drained by as many tasks
+    running the same work as ``sim`` (two ``trio.sleep(0.010)`` slices). Medians
+    of rounds. Target: ratio >= 0.95. orchd: 754 jobs/s (16), 2,830 (64).
+``retries`` (orchd experiment B)
+    2,000 ``sim`` jobs of 20 ms with ``fail_prob`` 0.2 at 64 workers, with
+    retries off (``"max_attempts": 1`` in every job body) and on (the ``sim``
+    default, 5 attempts, default backoff 0.5 s x 2^n with jitter). ``trioq
+    loadgen`` cannot put ``max_attempts`` in a job body, so both arms are driven
+    by a child process of this script (``--drive``) that posts ``/jobs/batch``
+    with httpx through ``trioq._loadgen.submit`` and then polls ``/stats`` every
+    20 ms until succeeded + dead covers every job. Completion = succeeded /
+    submitted. Target: on >= 99.9%.
+``hangs`` (orchd experiment C)
+    1,000 ``sim`` jobs of 20 ms with ``hang_prob`` 0.01 at 64 workers, with no
+    ``--heartbeat-timeout`` (hung jobs never end: the wait is bounded, 10 s,
+    and completion is read at that point) and with ``--heartbeat-timeout 0.2``.
+    Same driver as ``retries``; time is from the first submit to the last job
+    reaching a terminal state (or the bound). Target: on = 100% in < 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+# Benchmark the working tree this script sits in, whatever is installed.
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import trio  # noqa: E402
+
+import trioq  # noqa: E402
+
+perf_counter = time.perf_counter
+
+SECTIONS = ("throughput", "retries", "hangs")
+WORK_MS = 20.0
+SIM_SLICE = 0.010  # trioq._builtin.SIM_SLICE: sim sleeps in slices of 10 ms
+ORCHD = {16: 754.0, 64: 2830.0}  # orchd's published throughput (jobs/s), experiment A
+
+
+def emit(line: dict[str, Any]) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def log(message: str) -> None:
+    print(f"[seed_orchd] {message}", file=sys.stderr, flush=True)
+
+
+def r3(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# ------------------------------------------------------------------ server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server(workers: int, *, heartbeat_timeout: float | None = None, fsync: str = "always") -> Iterator[str]:
+    """A fresh ``trioq serve`` subprocess on a free port and a temporary WAL; yields its URL."""
+    wal = tempfile.mkdtemp(prefix="trioq-seed-")
+    port = free_port()
+    command = [sys.executable, "-m", "trioq.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--wal", os.path.join(wal, "wal"), "--fsync", fsync, "--workers", str(workers)]
+    command += ["--shutdown-grace", "0.5"]
+    if heartbeat_timeout is not None:
+        command += ["--heartbeat-timeout", str(heartbeat_timeout)]
+    url = f"http://127.0.0.1:{port}"
+    logfile = open(os.path.join(wal, "server.log"), "wb")  # noqa: SIM115 (closed in the finally)
+    proc = subprocess.Popen(command, cwd=_ROOT, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30.0
+        while True:
+            if proc.poll() is not None:
+                logfile.flush()
+                raise RuntimeError(f"server exited with {proc.returncode}: {Path(wal, 'server.log').read_text()}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become ready in 30 s")
+            time.sleep(0.05)
+        yield url
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group we created: the server and anything it spawned
+        proc.wait()
+        logfile.close()
+        shutil.rmtree(wal, ignore_errors=True)
+
+
+def run_json(command: list[str], timeout: float) -> dict[str, Any]:
+    proc = subprocess.run(command, cwd=_ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def loadgen(url: str, jobs: int, *, batch: int = 50, clients: int = 8, timeout: float = 120.0) -> dict[str, Any]:
+    """``python -m trioq.cli loadgen`` in its own process; its JSON line."""
+    command = [sys.executable, "-m", "trioq.cli", "loadgen", "--url", url, "--jobs", str(jobs)]
+    command += ["--batch", str(batch), "--clients", str(clients), "--work-ms", str(WORK_MS)]
+    command += ["--timeout", str(timeout)]
+    return run_json(command, timeout + 30.0)
+
+
+def drive(url: str, **spec: Any) -> dict[str, Any]:
+    """This script's ``--drive`` mode in its own process; its JSON line."""
+    spec["url"] = url
+    command = [sys.executable, str(Path(__file__).resolve()), "--drive", json.dumps(spec)]
+    return run_json(command, spec["bound_s"] + 60.0)
+
+
+# ----------------------------------------------------------------- driver
+
+
+async def drive_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Submit ``sim`` jobs over HTTP, then poll ``/stats`` until every job is terminal or the bound passes."""
+    import httpx
+
+    from trioq._loadgen import LoadResult, sim_jobs, submit
+
+    n = spec["jobs"]
+    jobs = sim_jobs(n, spec["work_ms"], spec.get("fail_prob", 0.0), spec.get("hang_prob", 0.0))
+    if spec.get("max_attempts") is not None:
+        for job in jobs:
+            job["max_attempts"] = spec["max_attempts"]
+    clients = spec.get("clients", 8)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    result = LoadResult()
+    async with httpx.AsyncClient(base_url=spec["url"], timeout=30.0, limits=limits) as client:
+        before = (await client.get("/stats")).json()["totals"]
+        started = perf_counter()
+        await submit(client, jobs, clients=clients, batch=spec.get("batch", 50), result=result)
+        submit_s = perf_counter() - started
+        drained_s: float | None = None
+        while True:
+            stats = (await client.get("/stats")).json()
+            totals = stats["totals"]
+            elapsed = perf_counter() - started
+            terminal = (totals["succeeded"] - before["succeeded"]) + (totals["dead"] - before["dead"])
+            if terminal >= len(result.acked):
+                drained_s = elapsed
+                break
+            if elapsed >= spec["bound_s"]:
+                break
+            await trio.sleep(spec.get("poll_s", 0.02))
+    delta = {k: totals[k] - before[k] for k in totals}
+    done = delta["succeeded"]
+    return {
+        "jobs": n,
+        "acked": len(result.acked),
+        "done": done,
+        "dead": delta["dead"],
+        "unfinished": len(result.acked) - done - delta["dead"],
+        "completion_pct": round(100.0 * done / n, 3),
+        "drained": drained_s is not None,
+        "time_s": round(drained_s if drained_s is not None else elapsed, 4),
+        "submit_s": round(submit_s, 4),
+        "failed_attempts": delta["failed_attempts"],
+        "retried": delta["retried"],
+        "hung": delta["hung"],
+        "running_at_end": stats["jobs"]["running"],
+    }
+
+
+# -------------------------------------------------------------- baseline
+
+
+async def bare_sim(n: int, workers: int) -> float:
+    """A prefilled memory channel drained by ``workers`` tasks doing sim's work; seconds."""
+    send, receive = trio.open_memory_channel[Any](n)
+    for _ in range(n):
+        send.send_nowait({})
+    send.close()
+    steps = round(WORK_MS / 1000.0 / SIM_SLICE)
+
+    async def worker() -> None:
+        async for _ in receive:
+            for _ in range(steps):
+                await trio.sleep(SIM_SLICE)
+
+    t0 = perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(workers):
+            nursery.start_soon(worker)
+    return perf_counter() - t0
+
+
+# ---------------------------------------------------------------- sections
+
+
+def section_throughput(plan: dict[int, tuple[int, int]]) -> None:
+    """``plan``: workers -> (jobs, rounds)."""
+    for workers, (n, rounds) in plan.items():
+        tq: list[float] = []
+        bare: list[float] = []
+        runs: list[dict[str, Any]] = []
+        for i in range(rounds):
+            log(f"throughput {workers} workers round {i + 1}/{rounds}: {n} jobs x {WORK_MS:g} ms")
+            with server(workers) as url:
+                out = loadgen(url, n, timeout=max(60.0, 3 * n * WORK_MS / 1000.0 / workers))
+            if out["done"] != n:
+                raise RuntimeError(f"loadgen finished {out['done']} of {n} jobs: {out}")
+            runs.append(out)
+            tq.append(out["throughput_jobs_s"])
+            gc.collect()
+            bare.append(n / trio.run(bare_sim, n, workers))
+        ideal = workers / (WORK_MS / 1000.0)
+        ratio = median(tq) / median(bare)
+        line: dict[str, Any] = {
+            "section": "throughput",
+            "experiment": "A",
+            "jobs": n,
+            "workers": workers,
+            "work_ms": WORK_MS,
+            "rounds": rounds,
+            "trioq_http_jobs_per_s": r3(median(tq)),
+            "bare_channel_jobs_per_s": r3(median(bare)),
+            "ideal_jobs_per_s": r3(ideal),
+            "ratio": r3(ratio),
+            "trioq_vs_ideal": r3(median(tq) / ideal),
+            "bare_vs_ideal": r3(median(bare) / ideal),
+            "target": "ratio >= 0.95",
+            "met": ratio >= 0.95,
+            "trioq_rounds": [r3(x) for x in tq],
+            "bare_rounds": [r3(x) for x in bare],
+            "submit_s_rounds": [r["submit_s"] for r in runs],
+            "latency_p50_ms_median": r3(median([r["latency_p50_ms"] for r in runs])),
+            "latency_p99_ms_median": r3(median([r["latency_p99_ms"] for r in runs])),
+        }
+        if workers in ORCHD:
+            line["orchd_jobs_per_s"] = ORCHD[workers]
+            line["trioq_vs_orchd"] = r3(median(tq) / ORCHD[workers])
+        line["method"] = (
+            "fresh `trioq serve` (WAL, fsync always) per round; `python -m trioq.cli loadgen --batch 50 --clients 8` "
+            "in a separate process, throughput = its throughput_jobs_s (succeeded / first submit to drained seen, "
+            "/stats polled every 50 ms, so submit over HTTP and up to 50 ms of polling are inside); bare: prefilled "
+            "trio memory channel in the benchmark process drained by W tasks each doing sim's 2 x trio.sleep(0.010); "
+            "trioq and bare alternate, median of rounds"
+        )
+        emit(line)
+
+
+def _pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    done = sum(r["done"] for r in runs)
+    jobs = sum(r["jobs"] for r in runs)
+    return {
+        "completion_pct_median": r3(median([r["completion_pct"] for r in runs])),
+        "completion_pct_pooled": round(100.0 * done / jobs, 3),
+        "completion_pct_rounds": [r["completion_pct"] for r in runs],
+        "done_rounds": [r["done"] for r in runs],
+        "dead_rounds": [r["dead"] for r in runs],
+        "unfinished_rounds": [r["unfinished"] for r in runs],
+        "time_s_median": r3(median([r["time_s"] for r in runs])),
+        "time_s_rounds": [r["time_s"] for r in runs],
+        "drained_rounds": [r["drained"] for r in runs],
+    }
+
+
+def section_retries(n: int, workers: int, rounds: int, bound_s: float) -> None:
+    arms: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for i in range(rounds):
+        for arm in ("off", "on"):
+            log(f"retries {arm} round {i + 1}/{rounds}: {n} jobs, fail_prob 0.2, {workers} workers")
+            with server(workers) as url:
+                arms[arm].append(
+                    drive(
+                        url,
+                        jobs=n,
+                        work_ms=WORK_MS,
+                        fail_prob=0.2,
+                        max_attempts=1 if arm == "off" else None,
+                        bound_s=bound_s,
+                    )
+                )
+    for arm, runs in arms.items():
+        line: dict[str, Any] = {
+            "section": "retries",
+            "experiment": "B",
+            "arm": arm,
+            "jobs": n,
+            "workers": workers,
+            "work_ms": WORK_MS,
+            "fail_prob": 0.2,
+            "max_attempts": 1 if arm == "off" else 5,
+            "rounds": rounds,
+            **_pooled(runs),
+            "retried_rounds": [r["retried"] for r in runs],
+            "expected_completion_pct": round(100.0 * (0.8 if arm == "off" else 1 - 0.2**5), 3),
+        }
+        if arm == "on":
+            line["target"] = "completion >= 99.9%"
+            line["met"] = min(r["completion_pct"] for r in runs) >= 99.9
+        line["method"] = (
+            "fresh `trioq serve` (WAL, fsync always) per round; a separate driver process posts /jobs/batch (50 per "
+            'request, 8 clients; off: "max_attempts": 1 in each job body, on: sim\'s default 5 with default '
+            "backoff) and polls /stats every 20 ms until succeeded + dead = submitted (bound "
+            f"{bound_s:g} s); completion = succeeded / submitted; time from first submit; 'met' needs every round"
+        )
+        emit(line)
+
+
+def section_hangs(n: int, workers: int, rounds: dict[str, int], bound_off: float, bound_on: float) -> None:
+    arms: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for i in range(max(rounds.values())):
+        for arm in ("off", "on"):
+            if i >= rounds[arm]:
+                continue
+            log(f"hangs {arm} round {i + 1}/{rounds[arm]}: {n} jobs, hang_prob 0.01, {workers} workers")
+            with server(workers, heartbeat_timeout=0.2 if arm == "on" else None) as url:
+                arms[arm].append(
+                    drive(url, jobs=n, work_ms=WORK_MS, hang_prob=0.01, bound_s=bound_off if arm == "off" else bound_on)
+                )
+    for arm, runs in arms.items():
+        line: dict[str, Any] = {
+            "section": "hangs",
+            "experiment": "C",
+            "arm": arm,
+            "jobs": n,
+            "workers": workers,
+            "work_ms": WORK_MS,
+            "hang_prob": 0.01,
+            "heartbeat_timeout_s": 0.2 if arm == "on" else None,
+            "bound_s": bound_off if arm == "off" else bound_on,
+            "rounds": rounds[arm],
+            **_pooled(runs),
+            "hung_detected_rounds": [r["hung"] for r in runs],
+        }
+        if arm == "on":
+            line["target"] = "completion = 100% in < 2 s"
+            line["met"] = all(r["completion_pct"] == 100.0 and r["drained"] and r["time_s"] < 2.0 for r in runs)
+        line["method"] = (
+            "fresh `trioq serve` (WAL, fsync always) per round; off: no --heartbeat-timeout, on: "
+            "--heartbeat-timeout 0.2; a separate driver process posts /jobs/batch (50 per request, 8 clients) and "
+            "polls /stats every 20 ms until succeeded + dead = submitted or the bound; time = first submit to that "
+            "point; 'met' needs every round"
+        )
+        emit(line)
+
+
+# --------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one round: a smoke test in about 40 s")
+    parser.add_argument("--only", choices=SECTIONS, help="run one section")
+    parser.add_argument("--drive", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.drive is not None:
+        print(json.dumps(trio.run(drive_child, json.loads(args.drive))), flush=True)
+        return
+
+    quick = args.quick
+    emit(
+        {
+            "section": "env",
+            "python": platform.python_version(),
+            "trio": trio.__version__,
+            "trioq": trioq.__version__,
+            "cpus": os.cpu_count(),
+            "quick": quick,
+        }
+    )
+    sections = (args.only,) if args.only else SECTIONS
+    started = perf_counter()
+    for name in sections:
+        if name == "throughput":
+            if quick:
+                plan = {1: (50, 1), 4: (200, 1), 16: (500, 1), 64: (1000, 1)}
+            else:
+                plan = {1: (250, 1), 4: (1000, 1), 16: (2000, 3), 64: (2000, 3)}
+            section_throughput(plan)
+        elif name == "retries":
+            section_retries(n=500 if quick else 2000, workers=64, rounds=1 if quick else 3, bound_s=60.0)
+        elif name == "hangs":
+            rounds = {"off": 1, "on": 1} if quick else {"off": 1, "on": 3}
+            section_hangs(n=1000, workers=64, rounds=rounds, bound_off=3.0 if quick else 10.0, bound_on=30.0)
+    log(f"done in {perf_counter() - started:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
