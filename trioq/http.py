@@ -152,15 +152,23 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
 
     @bp.before_request
     async def _guard() -> Response | None:
+        # Answering before the body is read can leave a kept-alive connection
+        # hanging under hypercorn + quart-trio (seen with 401 and 413), so
+        # these early answers close the connection, and a small body is
+        # drained before a 401.
         length = request.content_length
         if length is not None and length > max_body:
-            return _HTTPError(413, f"request body over {max_body} bytes").response()
+            headers = {"Connection": "close"}
+            return _HTTPError(413, f"request body over {max_body} bytes", headers=headers).response()
         if expected is None or request.path in _OPEN_ROUTES:
             return None
         given = request.headers.get("Authorization", "")
         scheme, _, credential = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), expected):
-            return _HTTPError(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}).response()
+            if length is not None:
+                await request.get_data()
+            headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
+            return _HTTPError(401, "missing or wrong bearer token", headers=headers).response()
         return None
 
     def handled(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
