@@ -99,6 +99,7 @@ async def test_batch_is_all_or_nothing(client: Any, queue: trioq.Queue) -> None:
         ({"task": "echo", "delay": "soon"}, "delay"),
         ({"task": "echo", "delay": True}, "delay"),
         ({"task": "echo", "priority": 1.5}, "priority"),
+        ({"task": "echo", "priority": True}, "priority"),
         ({"task": "echo", "key": ""}, "key"),
         ({"task": "echo", "max_attempts": 0}, "max_attempts"),
         ({"task": "echo", "extra": 1}, "extra"),
@@ -109,6 +110,13 @@ async def test_bad_job_fields_are_400_naming_the_field(client: Any, body: dict[s
     assert response.status_code == 400
     data = await response.get_json()
     assert data["field"] == field and data["error"]
+
+
+async def test_whole_number_floats_count_as_integers(client: Any, queue: trioq.Queue) -> None:
+    response = await client.post("/jobs", json={"task": "echo", "priority": 3.0, "max_attempts": 2.0}, headers=AUTH)
+    assert response.status_code == 202
+    job = await queue.get((await response.get_json())["id"])
+    assert job.priority == 3 and job.max_attempts == 2 and isinstance(job.priority, int)
 
 
 async def test_malformed_json_and_non_object_bodies(client: Any) -> None:

@@ -35,8 +35,13 @@ class WaitTimeout(TrioqError, TimeoutError):
 
 
 def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
-        raise InvalidJob(f"{name} must be a finite number >= {minimum:g}, got {value!r}", field=name)
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok or value < minimum:
+        shown = repr(value) if len(repr(value)) < 40 else repr(value)[:37] + "..."
+        raise InvalidJob(f"{name} must be a finite number >= {minimum:g}, got {shown}", field=name)
     return float(value)
 
 

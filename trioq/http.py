@@ -43,7 +43,8 @@ __all__ = ["blueprint", "create_app"]
 
 DEFAULT_MAX_BODY = 1024 * 1024
 _JOB_FIELDS = frozenset({"task", "payload", "delay", "priority", "key", "max_attempts"})
-_OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
+# By endpoint name, so the routes stay open under a blueprint's url_prefix.
+_OPEN_ENDPOINTS = frozenset({"healthz", "readyz", "openapi"})
 
 
 class _HTTPError(Exception):
@@ -80,10 +81,17 @@ def _spec(data: Any, where: str) -> JobSpec:
         data["task"],
         payload,
         data.get("delay", 0.0),
-        data.get("priority"),
+        _whole(data.get("priority")),
         data.get("key"),
-        data.get("max_attempts"),
+        _whole(data.get("max_attempts")),
     )
+
+
+def _whole(value: Any) -> Any:
+    """JSON's 3.0 is an integer to JSON Schema, so it is one here too."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 async def _body(max_body: int) -> Any:
@@ -94,6 +102,8 @@ async def _body(max_body: int) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _HTTPError(400, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise _HTTPError(400, "malformed JSON: nested too deeply") from None
 
 
 def _translate(exc: TrioqError) -> _HTTPError:
@@ -160,7 +170,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         if length is not None and length > max_body:
             headers = {"Connection": "close"}
             return _HTTPError(413, f"request body over {max_body} bytes", headers=headers).response()
-        if expected is None or request.path in _OPEN_ROUTES:
+        if expected is None or (request.endpoint or "").rpartition(".")[2] in _OPEN_ENDPOINTS:
             return None
         given = request.headers.get("Authorization", "")
         scheme, _, credential = given.partition(" ")

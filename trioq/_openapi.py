@@ -1,0 +1,418 @@
+"""The OpenAPI 3.1 document of :mod:`trioq.http`, served at ``GET /openapi.json``.
+
+The document is plain data built once (:func:`openapi_spec` caches it). It
+describes the routes at the root, as :func:`trioq.http.create_app` serves them;
+a :func:`trioq.http.blueprint` mounted under a prefix serves the same paths
+below that prefix.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+from ._model import JobState
+
+__all__ = ["openapi_spec"]
+
+JSON: Final = "application/json"
+TEXT: Final = "text/plain"
+_STATES: Final = [state.value for state in JobState]
+_TOTALS: Final = (
+    "enqueued",
+    "succeeded",
+    "failed_attempts",
+    "retried",
+    "dead",
+    "timed_out",
+    "hung",
+    "stuck",
+    "cancelled",
+    "released",
+)
+_WORKERS: Final = (
+    "configured",
+    "busy",
+    "idle",
+    "healthy",
+    "unhealthy",
+    "replaced",
+    "abandoned_threads",
+    "abandoned_threads_total",
+)
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _response(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _json_body(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}, **extra}
+
+
+def _counts(names: tuple[str, ...] | list[str], description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": description,
+        "properties": {name: {"type": "integer", "minimum": 0} for name in names},
+        "required": list(names),
+        "additionalProperties": {"type": "integer", "minimum": 0},
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    job_request = {
+        "type": "object",
+        "description": "One job to enqueue. Task-specific payload checks happen at enqueue time (400).",
+        "required": ["task"],
+        "additionalProperties": False,
+        "properties": {
+            "task": {"type": "string", "description": "A task name in the queue's registry (else 400)."},
+            "payload": {
+                "type": ["object", "null"],
+                "description": "Keyword arguments of the task's handler; absent or null means {}.",
+            },
+            "delay": {
+                "type": "number",
+                "minimum": 0,
+                "default": 0,
+                "description": "Seconds to wait before the job may run (a finite number >= 0).",
+            },
+            "priority": {
+                "type": ["integer", "null"],
+                "description": "Higher runs first; absent or null means the task's priority.",
+            },
+            "key": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "description": "Idempotency key: a retained job with this key is returned instead of a new one.",
+            },
+            "max_attempts": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "description": "Attempts before the job is dead; absent or null means the task's.",
+            },
+        },
+    }
+    job = {
+        "type": "object",
+        "description": "A snapshot of one job. Times are wall-clock seconds since the epoch.",
+        "required": [
+            "id",
+            "task",
+            "payload",
+            "state",
+            "attempts",
+            "epoch",
+            "priority",
+            "key",
+            "max_attempts",
+            "run_at",
+            "created_at",
+            "finished_at",
+            "result",
+            "error",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string"},
+            "task": {"type": "string"},
+            "payload": {"type": "object"},
+            "state": _schema("JobState"),
+            "attempts": {"type": "integer", "minimum": 0},
+            "epoch": {"type": "integer", "minimum": 0},
+            "priority": {"type": "integer"},
+            "key": {"type": ["string", "null"]},
+            "max_attempts": {"type": "integer", "minimum": 1},
+            "run_at": {"type": "number"},
+            "created_at": {"type": "number"},
+            "finished_at": {"type": ["number", "null"]},
+            "result": {"description": "The handler's return value once succeeded (any JSON value)."},
+            "error": {"type": ["string", "null"], "description": 'The last error, as "Type: message".'},
+        },
+    }
+    accepted = {
+        "type": "object",
+        "required": ["id", "state"],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string"},
+            "state": {
+                "$ref": "#/components/schemas/JobState",
+                "description": "ready or scheduled; any state for a key that an existing job holds.",
+            },
+        },
+    }
+    return {
+        "JobState": {"type": "string", "enum": list(_STATES)},
+        "JobRequest": job_request,
+        "BatchRequest": {
+            "type": "object",
+            "description": "Jobs to enqueue all or nothing. Other top-level keys are ignored.",
+            "required": ["jobs"],
+            "properties": {"jobs": {"type": "array", "minItems": 1, "items": _schema("JobRequest")}},
+        },
+        "Accepted": accepted,
+        "BatchAccepted": {
+            "type": "object",
+            "required": ["jobs"],
+            "additionalProperties": False,
+            "properties": {"jobs": {"type": "array", "minItems": 1, "items": _schema("Accepted")}},
+        },
+        "Job": job,
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "additionalProperties": False,
+            "properties": {
+                "error": {"type": "string", "description": "What went wrong, for people."},
+                "field": {
+                    "type": "string",
+                    "description": 'The offending field, e.g. "delay" or "jobs[1].task".',
+                },
+            },
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status"],
+            "additionalProperties": False,
+            "properties": {"status": {"const": "ok"}},
+        },
+        "Readiness": {
+            "type": "object",
+            "required": ["ready", "reason"],
+            "additionalProperties": False,
+            "properties": {"ready": {"type": "boolean"}, "reason": {"type": "string"}},
+        },
+        "Stats": {
+            "type": "object",
+            "required": ["jobs", "totals", "workers"],
+            "additionalProperties": False,
+            "properties": {
+                "jobs": _counts(_STATES, "Jobs in each state now."),
+                "totals": _counts(_TOTALS, "Counters since the queue opened."),
+                "workers": _counts(_WORKERS, "The worker pool."),
+            },
+        },
+    }
+
+
+def _responses() -> dict[str, Any]:
+    retry_after = {
+        "description": "Whole seconds to wait before trying again.",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+    }
+    return {
+        "BadRequest": _json_body(
+            "Malformed JSON, a missing, unknown or ill-typed field, or an unknown task; `field` names it.",
+            _schema("Error"),
+        ),
+        "Unauthorized": _json_body(
+            "A token is set and the request lacks `Authorization: Bearer <token>` with it.",
+            _schema("Error"),
+            headers={"WWW-Authenticate": {"required": True, "schema": {"const": "Bearer"}}},
+        ),
+        "NotFound": _json_body("No job with that id (never was, or evicted after retention).", _schema("Error")),
+        "PayloadTooLarge": _json_body("The request body is over `max_body` bytes.", _schema("Error")),
+        "Unavailable": _json_body(
+            "The queue is full (`max_ready` jobs waiting) or shutting down; nothing was added.",
+            _schema("Error"),
+            headers={"Retry-After": retry_after},
+        ),
+    }
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    tag: str,
+    open_route: bool = False,
+    request: str | None = None,
+    job_id: bool = False,
+) -> dict[str, Any]:
+    operation: dict[str, Any] = {"operationId": operation_id, "summary": summary, "tags": [tag]}
+    if open_route:
+        operation["security"] = []
+    if job_id:
+        operation["parameters"] = [
+            {
+                "name": "job_id",
+                "in": "path",
+                "required": True,
+                "description": "The job's id, as returned when it was enqueued.",
+                "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
+            }
+        ]
+    if request is not None:
+        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _schema(request)}}}
+    codes = dict(responses)
+    if not open_route:
+        codes["401"] = _response("Unauthorized")
+    # The size guard runs before routing to any handler, so even a GET with a large body gets 413.
+    codes["413"] = _response("PayloadTooLarge")
+    operation["responses"] = dict(sorted(codes.items()))
+    return operation
+
+
+def _paths() -> dict[str, Any]:
+    job = _json_body("The job.", _schema("Job"))
+    return {
+        "/healthz": {
+            "get": _operation(
+                "healthz",
+                "Liveness: 200 while the process runs.",
+                {"200": _json_body("Alive.", _schema("Health"))},
+                tag="health",
+                open_route=True,
+            )
+        },
+        "/readyz": {
+            "get": _operation(
+                "readyz",
+                "Readiness: whether the queue can run work (open, with a healthy worker).",
+                {
+                    "200": _json_body("Ready.", _schema("Readiness")),
+                    "503": _json_body("Not ready (shutting down, or no healthy worker).", _schema("Readiness")),
+                },
+                tag="health",
+                open_route=True,
+            )
+        },
+        "/openapi.json": {
+            "get": _operation(
+                "openapi",
+                "This document.",
+                {"200": _json_body("The OpenAPI 3.1 document.", {"type": "object"})},
+                tag="meta",
+                open_route=True,
+            )
+        },
+        "/stats": {
+            "get": _operation(
+                "stats",
+                "Job counts per state, totals since the queue opened, and the worker pool.",
+                {"200": _json_body("The queue's statistics.", _schema("Stats"))},
+                tag="queue",
+            )
+        },
+        "/metrics": {
+            "get": _operation(
+                "metrics",
+                "The statistics in Prometheus text format (metrics prefixed trioq_).",
+                {
+                    "200": {
+                        "description": "Prometheus exposition format 0.0.4.",
+                        "content": {TEXT: {"schema": {"type": "string"}}},
+                    }
+                },
+                tag="queue",
+            )
+        },
+        "/jobs": {
+            "post": _operation(
+                "enqueueJob",
+                "Enqueue one job.",
+                {
+                    "202": _json_body("Accepted.", _schema("Accepted")),
+                    "400": _response("BadRequest"),
+                    "503": _response("Unavailable"),
+                },
+                tag="jobs",
+                request="JobRequest",
+            )
+        },
+        "/jobs/batch": {
+            "post": _operation(
+                "enqueueBatch",
+                "Enqueue several jobs, all or nothing.",
+                {
+                    "202": _json_body("All accepted, in order.", _schema("BatchAccepted")),
+                    "400": _response("BadRequest"),
+                    "503": _response("Unavailable"),
+                },
+                tag="jobs",
+                request="BatchRequest",
+            )
+        },
+        "/jobs/{job_id}": {
+            "get": _operation(
+                "getJob",
+                "The job's current snapshot.",
+                {"200": job, "404": _response("NotFound")},
+                tag="jobs",
+                job_id=True,
+            ),
+            "delete": _operation(
+                "cancelJob",
+                "Cancel the job unless it finished (a running attempt is stopped); a finished job is returned as is.",
+                {"200": job, "404": _response("NotFound")},
+                tag="jobs",
+                job_id=True,
+            ),
+        },
+        "/jobs/{job_id}/retry": {
+            "post": _operation(
+                "retryJob",
+                "Run a dead or cancelled job again from scratch (attempts reset to 0).",
+                {
+                    "200": job,
+                    "404": _response("NotFound"),
+                    "409": _json_body('The job is neither dead nor cancelled (`field` is "state").', _schema("Error")),
+                    "503": _response("Unavailable"),
+                },
+                tag="jobs",
+                job_id=True,
+            )
+        },
+    }
+
+
+@cache
+def openapi_spec() -> dict[str, Any]:
+    """The OpenAPI 3.1 document describing every route of :func:`trioq.http.blueprint`.
+
+    Built on the first call and cached: every call returns the same dict, so
+    treat it as read-only (copy it before changing it).
+    """
+    from . import __version__  # here, not at import time: trioq.http may be imported while trioq loads
+
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "trioq",
+            "version": __version__,
+            "summary": "The HTTP face of a trioq job queue.",
+            "description": (
+                'Errors are `{"error": ..., "field"?: ...}`. With a token set, every route but /healthz, '
+                "/readyz and /openapi.json needs `Authorization: Bearer <token>`."
+            ),
+            "license": {"name": "MIT", "identifier": "MIT"},
+        },
+        "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
+        "tags": [
+            {"name": "health", "description": "Probes for orchestrators; never need a token."},
+            {"name": "meta", "description": "About this API."},
+            {"name": "queue", "description": "The queue as a whole."},
+            {"name": "jobs", "description": "Enqueue, inspect, cancel and retry jobs."},
+        ],
+        "security": [{"bearerAuth": []}],
+        "paths": _paths(),
+        "components": {
+            "schemas": _schemas(),
+            "responses": _responses(),
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The token of create_app or blueprint (`trioq serve --token`, or TRIOQ_TOKEN).",
+                }
+            },
+        },
+    }
