@@ -237,3 +237,20 @@ def test_sigterm_exits_0_and_releases_the_running_job(tmp_path: Path) -> None:
         assert second.process.wait(timeout=8) == 0, second.stderr_text()
     finally:
         second.kill()
+
+
+def test_serve_adds_the_builtin_tasks_to_a_users_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trioq._serve import load_registry
+
+    (tmp_path / "myapp.py").write_text(
+        "import trioq\nregistry = trioq.Registry()\n\n@registry.task\nasync def mine(ctx):\n    return 1\n"
+        "not_a_registry = 3\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert set(load_registry(None)) == {"sim", "cpu"}
+    assert set(load_registry("myapp:registry")) == {"mine", "sim", "cpu"}
+    assert set(load_registry("myapp:registry")) == {"mine", "sim", "cpu"}  # the user's registry is untouched
+    for bad, message in [("myapp", "module:registry"), ("nope:registry", "nope"), ("myapp:not_a_registry", "int")]:
+        with pytest.raises(SystemExit, match=message):
+            load_registry(bad)

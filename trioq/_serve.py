@@ -27,15 +27,21 @@ def load_registry(spec: str | None) -> Registry:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise SystemExit(f"--app must look like module:registry, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         user = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise SystemExit(f"--app {spec}: {exc}") from None
     if not isinstance(user, Registry):
         raise SystemExit(f"--app {spec} is a {type(user).__name__}, not a trioq.Registry")
-    user.include(registry)
-    return user
+    combined = Registry()  # the user's registry is left as it was
+    combined.include(user)
+    try:
+        combined.include(registry)
+    except ValueError as exc:
+        raise SystemExit(f"--app {spec}: {exc} (the built-in tasks are sim and cpu)") from None
+    return combined
 
 
 async def _stop_on_signal(stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
