@@ -42,45 +42,45 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
-import platform
-import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-# Benchmark the working tree this script sits in, whatever is installed.
-_ROOT = Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import trio
 
-import trio  # noqa: E402
+# benchmarks/ is sys.path[0] when this runs as a script; importing _common puts the
+# repository root ahead of any installed trioq, so the working tree is what is measured.
+from _common import (
+    BATCH,
+    SLEEP,
+    GcClock,
+    arg_parser,
+    bare_worker,
+    drain_channel,
+    emit,
+    env_line,
+    fill,
+    logger,
+    median,
+    percentile,
+    perf_counter,
+    prefilled_channel,
+    r3,
+    registry,
+    run,
+    run_json,
+    versus_bare,
+)
 
-import trioq  # noqa: E402
+import trioq
 
-perf_counter = time.perf_counter
-
-SLEEP = 0.020
-BATCH = 10_000
 SECTIONS = ("noop_drain", "sleep_bound", "latency", "growth")
 
-REGISTRY = trioq.Registry()
+REGISTRY = registry()  # noop, sleepy, and stamp below
 _SAMPLES: list[float] = []
-
-
-@REGISTRY.task
-async def noop(ctx: trioq.JobContext) -> None:
-    pass
-
-
-@REGISTRY.task
-async def sleepy(ctx: trioq.JobContext) -> None:
-    await trio.sleep(SLEEP)
+log = logger("core")
 
 
 @REGISTRY.task
@@ -91,87 +91,12 @@ async def stamp(ctx: trioq.JobContext, t: float) -> None:
 # ---------------------------------------------------------------- plumbing
 
 
-def emit(line: dict[str, Any]) -> None:
-    print(json.dumps(line), flush=True)
-
-
-def log(message: str) -> None:
-    print(f"[core] {message}", file=sys.stderr, flush=True)
-
-
-def run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """One measurement in a fresh trio run, after a full collection."""
-    gc.collect()
-    return trio.run(fn, *args)
-
-
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def r3(x: float) -> float:
-    return float(f"{x:.4g}")
-
-
 # ------------------------------------------------------------- trioq side
-
-
-class GcClock:
-    """Seconds spent in the cyclic garbage collector while installed, and full collections."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.full = 0
-        self.inside = 0.0
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = perf_counter()
-        else:
-            self.seconds += perf_counter() - self._t0
-            self.full += info["generation"] == 2
-
-    def __enter__(self) -> GcClock:
-        self.inside = 0.0
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
-
-
-async def fill(queue: trioq.Queue, task: str, n: int, batch: int = BATCH, gc_clock: GcClock | None = None) -> float:
-    """Enqueue ``n`` jobs with ``enqueue_many`` in batches; seconds spent inside it.
-
-    Building the ``JobSpec`` lists is not timed; validation and the store are.
-    With ``gc_clock``, its ``inside`` counts only collector time within the timed calls.
-    """
-    spent = 0.0
-    done = 0
-    while done < n:
-        k = min(batch, n - done)
-        specs = [trioq.JobSpec(task) for _ in range(k)]
-        g0 = gc_clock.seconds if gc_clock is not None else 0.0
-        t0 = perf_counter()
-        await queue.enqueue_many(specs)
-        spent += perf_counter() - t0
-        if gc_clock is not None:
-            gc_clock.inside += gc_clock.seconds - g0
-        done += k
-    return spent
 
 
 async def trioq_drain(task: str, n: int, workers: int, limit: float = math.inf) -> dict[str, Any]:
@@ -213,11 +138,6 @@ async def trioq_drain(task: str, n: int, workers: int, limit: float = math.inf) 
 # -------------------------------------------------------------- bare side
 
 
-async def _bare_worker(receive: trio.MemoryReceiveChannel[Any], handler: Callable[[Any], Awaitable[None]]) -> None:
-    async for item in receive:
-        await handler(item)
-
-
 async def _bare_noop(item: Any) -> None:
     pass
 
@@ -228,21 +148,10 @@ async def _bare_sleep(item: Any) -> None:
 
 async def bare_drain(n: int, workers: int, sleep: bool) -> dict[str, float]:
     """Prefill a memory channel with ``n`` items, then time ``workers`` tasks draining it."""
-    send, receive = trio.open_memory_channel[Any](n)
-    items: list[dict[str, Any]] = [{} for _ in range(n)]
-    t0 = perf_counter()
-    for item in items:
-        send.send_nowait(item)
-    fill_s = perf_counter() - t0
-    send.close()
-    del items
+    receive, fill_s = prefilled_channel(n)
     handler = _bare_sleep if sleep else _bare_noop
     gc.collect()
-    t0 = perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(workers):
-            nursery.start_soon(_bare_worker, receive, handler)
-    return {"enqueue_s": fill_s, "drain_s": perf_counter() - t0}
+    return {"enqueue_s": fill_s, "drain_s": await drain_channel(receive, workers, handler)}
 
 
 # ---------------------------------------------------------------- sections
@@ -305,8 +214,6 @@ def section_sleep_bound(n: int, widths: tuple[int, ...], rounds: int) -> None:
             log(f"sleep_bound {workers} workers round {i + 1}/{rounds}: {n} jobs")
             tq.append(n / run(trioq_drain, "sleepy", n, workers)["drain_s"])
             bare.append(n / run(bare_drain, n, workers, True)["drain_s"])
-        ideal = workers / SLEEP
-        ratio = median(tq) / median(bare)
         emit(
             {
                 "section": "sleep_bound",
@@ -316,14 +223,7 @@ def section_sleep_bound(n: int, widths: tuple[int, ...], rounds: int) -> None:
                 "sleep_s": SLEEP,
                 "trioq_jobs_per_s": r3(median(tq)),
                 "bare_jobs_per_s": r3(median(bare)),
-                "ideal_jobs_per_s": r3(ideal),
-                "ratio": r3(ratio),
-                "trioq_vs_ideal": r3(median(tq) / ideal),
-                "bare_vs_ideal": r3(median(bare) / ideal),
-                "target": ">= 0.97",
-                "met": ratio >= 0.97,
-                "trioq_rounds": [r3(x) for x in tq],
-                "bare_rounds": [r3(x) for x in bare],
+                **versus_bare(tq, bare, workers / SLEEP, least=0.97, target=">= 0.97"),
                 "method": "as noop_drain (enqueue via workers=0 queue, time open_queue(workers=W) to join()); "
                 "bare channel drained by W tasks with the same sleep; alternating, median of rounds",
             }
@@ -352,7 +252,7 @@ async def bare_latency(n: int, warmup: int, workers: int) -> list[float]:
     send, receive = trio.open_memory_channel[float](math.inf)
     async with trio.open_nursery() as nursery:
         for _ in range(workers):
-            nursery.start_soon(_bare_worker, receive, handler)
+            nursery.start_soon(bare_worker, receive, handler)
         await trio.sleep(0.05)
         for _ in range(warmup + n):
             t = perf_counter()
@@ -418,8 +318,7 @@ def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int,
             log(f"growth round {i + 1}/{rounds[n]}: {n} jobs (subprocess)")
             command = [sys.executable, str(Path(__file__).resolve()), "--growth-child", str(n)]
             command += ["--workers", str(workers), "--drain-limit", str(limit)]
-            proc = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-            results[n].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            results[n].append(run_json(command))
     summary: dict[int, dict[str, Any]] = {}
     for n in sizes:
         rs = results[n]
@@ -487,29 +386,18 @@ def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test in under 20 s")
-    parser.add_argument("--only", choices=SECTIONS, help="run one section")
+    parser = arg_parser(__doc__, SECTIONS, quick_help="small sizes: a smoke test in under 20 s")
     parser.add_argument("--growth-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--drain-limit", type=float, default=math.inf, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.growth_child is not None:
-        print(json.dumps(growth_child(args.growth_child, args.workers, args.drain_limit)), flush=True)
+        emit(growth_child(args.growth_child, args.workers, args.drain_limit))
         return
 
     quick = args.quick
-    emit(
-        {
-            "section": "env",
-            "python": platform.python_version(),
-            "trio": trio.__version__,
-            "trioq": trioq.__version__,
-            "cpus": os.cpu_count(),
-            "quick": quick,
-        }
-    )
+    emit(env_line(quick))
     sections = (args.only,) if args.only else SECTIONS
     started = perf_counter()
     for name in sections:

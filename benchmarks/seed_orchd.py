@@ -43,14 +43,11 @@ process*, never from this one, so the client's CPU is not the server's:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,37 +57,32 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-# Benchmark the working tree this script sits in, whatever is installed.
-_ROOT = Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import trio
 
-import trio  # noqa: E402
-
-import trioq  # noqa: E402
-
-perf_counter = time.perf_counter
+# benchmarks/ is sys.path[0] when this runs as a script; importing _common puts the
+# repository root ahead of any installed trioq, so the working tree is what is measured.
+from _common import (
+    ROOT,
+    arg_parser,
+    drain_channel,
+    emit,
+    env_line,
+    logger,
+    median,
+    perf_counter,
+    prefilled_channel,
+    r3,
+    run,
+    run_json,
+    versus_bare,
+)
 
 SECTIONS = ("throughput", "retries", "hangs")
 WORK_MS = 20.0
 SIM_SLICE = 0.010  # trioq._builtin.SIM_SLICE: sim sleeps in slices of 10 ms
 ORCHD = {16: 754.0, 64: 2830.0}  # orchd's published throughput (jobs/s), experiment A
 
-
-def emit(line: dict[str, Any]) -> None:
-    print(json.dumps(line), flush=True)
-
-
-def log(message: str) -> None:
-    print(f"[seed_orchd] {message}", file=sys.stderr, flush=True)
-
-
-def r3(x: float) -> float:
-    return float(f"{x:.4g}")
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
+log = logger("seed_orchd")
 
 
 # ------------------------------------------------------------------ server
@@ -114,7 +106,7 @@ def server(workers: int, *, heartbeat_timeout: float | None = None, fsync: str =
         command += ["--heartbeat-timeout", str(heartbeat_timeout)]
     url = f"http://127.0.0.1:{port}"
     logfile = open(os.path.join(wal, "server.log"), "wb")  # noqa: SIM115 (closed in the finally)
-    proc = subprocess.Popen(command, cwd=_ROOT, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         import httpx
 
@@ -140,24 +132,19 @@ def server(workers: int, *, heartbeat_timeout: float | None = None, fsync: str =
         shutil.rmtree(wal, ignore_errors=True)
 
 
-def run_json(command: list[str], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(command, cwd=_ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def loadgen(url: str, jobs: int, *, batch: int = 50, clients: int = 8, timeout: float = 120.0) -> dict[str, Any]:
     """``python -m trioq.cli loadgen`` in its own process; its JSON line."""
     command = [sys.executable, "-m", "trioq.cli", "loadgen", "--url", url, "--jobs", str(jobs)]
     command += ["--batch", str(batch), "--clients", str(clients), "--work-ms", str(WORK_MS)]
     command += ["--timeout", str(timeout)]
-    return run_json(command, timeout + 30.0)
+    return run_json(command, cwd=ROOT, timeout=timeout + 30.0)
 
 
 def drive(url: str, **spec: Any) -> dict[str, Any]:
     """This script's ``--drive`` mode in its own process; its JSON line."""
     spec["url"] = url
     command = [sys.executable, str(Path(__file__).resolve()), "--drive", json.dumps(spec)]
-    return run_json(command, spec["bound_s"] + 60.0)
+    return run_json(command, cwd=ROOT, timeout=spec["bound_s"] + 60.0)
 
 
 # ----------------------------------------------------------------- driver
@@ -218,22 +205,14 @@ async def drive_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 async def bare_sim(n: int, workers: int) -> float:
     """A prefilled memory channel drained by ``workers`` tasks doing sim's work; seconds."""
-    send, receive = trio.open_memory_channel[Any](n)
-    for _ in range(n):
-        send.send_nowait({})
-    send.close()
+    receive, _ = prefilled_channel(n)
     steps = round(WORK_MS / 1000.0 / SIM_SLICE)
 
-    async def worker() -> None:
-        async for _ in receive:
-            for _ in range(steps):
-                await trio.sleep(SIM_SLICE)
+    async def sim(item: Any) -> None:
+        for _ in range(steps):
+            await trio.sleep(SIM_SLICE)
 
-    t0 = perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(workers):
-            nursery.start_soon(worker)
-    return perf_counter() - t0
+    return await drain_channel(receive, workers, sim)
 
 
 # ---------------------------------------------------------------- sections
@@ -253,10 +232,8 @@ def section_throughput(plan: dict[int, tuple[int, int]]) -> None:
                 raise RuntimeError(f"loadgen finished {out['done']} of {n} jobs: {out}")
             runs.append(out)
             tq.append(out["throughput_jobs_s"])
-            gc.collect()
-            bare.append(n / trio.run(bare_sim, n, workers))
+            bare.append(n / run(bare_sim, n, workers))
         ideal = workers / (WORK_MS / 1000.0)
-        ratio = median(tq) / median(bare)
         line: dict[str, Any] = {
             "section": "throughput",
             "experiment": "A",
@@ -266,14 +243,7 @@ def section_throughput(plan: dict[int, tuple[int, int]]) -> None:
             "rounds": rounds,
             "trioq_http_jobs_per_s": r3(median(tq)),
             "bare_channel_jobs_per_s": r3(median(bare)),
-            "ideal_jobs_per_s": r3(ideal),
-            "ratio": r3(ratio),
-            "trioq_vs_ideal": r3(median(tq) / ideal),
-            "bare_vs_ideal": r3(median(bare) / ideal),
-            "target": "ratio >= 0.95",
-            "met": ratio >= 0.95,
-            "trioq_rounds": [r3(x) for x in tq],
-            "bare_rounds": [r3(x) for x in bare],
+            **versus_bare(tq, bare, ideal, least=0.95, target="ratio >= 0.95"),
             "submit_s_rounds": [r["submit_s"] for r in runs],
             "latency_p50_ms_median": r3(median([r["latency_p50_ms"] for r in runs])),
             "latency_p99_ms_median": r3(median([r["latency_p99_ms"] for r in runs])),
@@ -392,27 +362,16 @@ def section_hangs(n: int, workers: int, rounds: dict[str, int], bound_off: float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, one round: a smoke test in about 40 s")
-    parser.add_argument("--only", choices=SECTIONS, help="run one section")
+    parser = arg_parser(__doc__, SECTIONS, quick_help="small sizes, one round: a smoke test in about 40 s")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.drive is not None:
-        print(json.dumps(trio.run(drive_child, json.loads(args.drive))), flush=True)
+        emit(trio.run(drive_child, json.loads(args.drive)))
         return
 
     quick = args.quick
-    emit(
-        {
-            "section": "env",
-            "python": platform.python_version(),
-            "trio": trio.__version__,
-            "trioq": trioq.__version__,
-            "cpus": os.cpu_count(),
-            "quick": quick,
-        }
-    )
+    emit(env_line(quick))
     sections = (args.only,) if args.only else SECTIONS
     started = perf_counter()
     for name in sections:

@@ -52,52 +52,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
-import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Benchmark the working tree this script sits in, whatever is installed.
-_ROOT = Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import trio
 
-import trio  # noqa: E402
+# benchmarks/ is sys.path[0] when this runs as a script; importing _common puts the
+# repository root ahead of any installed trioq, so the working tree is what is measured.
+from _common import (
+    BATCH,
+    ROOT,
+    SLEEP,
+    GcClock,
+    arg_parser,
+    emit,
+    env_line,
+    fill,
+    logger,
+    median,
+    percentile,
+    perf_counter,
+    r3,
+    registry,
+    run,
+    run_json,
+)
 
-import trioq  # noqa: E402
+import trioq
 
-perf_counter = time.perf_counter
-
-SLEEP = 0.020
-BATCH = 10_000
 SECTIONS = ("submit", "noop_drain", "recovery", "kill9")
 KINDS = ("memory", "wal_never", "wal_always")
 SCRIPT = str(Path(__file__).resolve())
 
-REGISTRY = trioq.Registry()
+REGISTRY = registry()  # noop, sleepy, and mark below
+log = logger("wal")
 
 #: Where the ``mark`` handler reports: None means "print ``done <id>`` on fd 1"
 #: (the kill9 child); a list collects the ids instead (the restart in the parent).
 _MARKED: list[str] | None = None
-
-
-@REGISTRY.task
-async def noop(ctx: trioq.JobContext) -> None:
-    pass
-
-
-@REGISTRY.task
-async def sleepy(ctx: trioq.JobContext) -> None:
-    await trio.sleep(SLEEP)
 
 
 @REGISTRY.task
@@ -110,35 +110,6 @@ async def mark(ctx: trioq.JobContext) -> None:
 
 
 # ---------------------------------------------------------------- plumbing
-
-
-def emit(line: dict[str, Any]) -> None:
-    print(json.dumps(line), flush=True)
-
-
-def log(message: str) -> None:
-    print(f"[wal] {message}", file=sys.stderr, flush=True)
-
-
-def run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """One measurement in a fresh trio run, after a full collection."""
-    gc.collect()
-    return trio.run(fn, *args)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
-def r3(x: float) -> float:
-    return float(f"{x:.4g}")
 
 
 @contextlib.contextmanager
@@ -155,9 +126,9 @@ def git_state() -> str | None:
     """HEAD of the working tree benchmarked, with "+dirty" when trioq/ has uncommitted changes."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "trioq"], cwd=_ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "trioq"], cwd=ROOT, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty.stdout.strip() else "")
@@ -273,20 +244,6 @@ def section_submit(n: int, workers: int, submitters: int, rounds: int) -> None:
 # -------------------------------------------------------------- noop drain
 
 
-async def fill(queue: trioq.Queue, task: str, n: int, batch: int = BATCH) -> float:
-    """Enqueue ``n`` jobs with ``enqueue_many`` in batches; seconds spent inside it."""
-    spent = 0.0
-    done = 0
-    while done < n:
-        k = min(batch, n - done)
-        specs = [trioq.JobSpec(task) for _ in range(k)]
-        t0 = perf_counter()
-        await queue.enqueue_many(specs)
-        spent += perf_counter() - t0
-        done += k
-    return spent
-
-
 async def drain_round(kind: str, n: int, workers: int) -> dict[str, Any]:
     with log_dir() as path:
         store = make_store(kind, path)
@@ -394,21 +351,10 @@ def recovery_child(path: str) -> dict[str, Any]:
     """Runs in a fresh subprocess: time the open, then the scan and decode alone."""
     from trioq.stores.wal import _format
 
-    gc_time = [0.0, 0]
-    t_start = [0.0]
-
-    def gc_cb(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            t_start[0] = perf_counter()
-        else:
-            gc_time[0] += perf_counter() - t_start[0]
-            gc_time[1] += info["generation"] == 2
-
     sizes = {name: os.path.getsize(os.path.join(path, name)) for name in os.listdir(path) if name.endswith(".wal")}
-    gc.callbacks.append(gc_cb)
-    out = trio.run(_timed_open, path)
-    gc.callbacks.remove(gc_cb)
-    out["gc_s"], out["full_gcs"] = gc_time
+    with GcClock() as gc_clock:
+        out = trio.run(_timed_open, path)
+    out["gc_s"], out["full_gcs"] = gc_clock.seconds, gc_clock.full
     out["bytes"] = sum(sizes.values())
     # Context: reading + checksumming + framing alone, then msgpack decoding alone,
     # with the cyclic GC paused as replay pauses it.
@@ -432,9 +378,8 @@ def recovery_child(path: str) -> dict[str, Any]:
 
 
 def child_json(args: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, SCRIPT, *args], check=True, stdout=subprocess.PIPE, text=True)
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    """This script run with ``args`` in a fresh subprocess; its last JSON line."""
+    return run_json([sys.executable, SCRIPT, *args])
 
 
 def section_recovery(n: int, rounds: int) -> None:
@@ -613,9 +558,7 @@ def section_kill9(rounds: int, kill_after: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test in under 30 s")
-    parser.add_argument("--only", choices=SECTIONS, help="run one section")
+    parser = arg_parser(__doc__, SECTIONS, quick_help="small sizes: a smoke test in under 30 s")
     parser.add_argument("--recovery-build", nargs=2, metavar=("DIR", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--recovery-child", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--kill9-child", metavar="DIR", help=argparse.SUPPRESS)
@@ -623,11 +566,11 @@ def main() -> None:
 
     if args.recovery_build is not None:
         path, n = args.recovery_build
-        print(json.dumps(run(build_log, path, int(n))), flush=True)
+        emit(run(build_log, path, int(n)))
         return
     if args.recovery_child is not None:
         gc.collect()
-        print(json.dumps(recovery_child(args.recovery_child)), flush=True)
+        emit(recovery_child(args.recovery_child))
         return
     if args.kill9_child is not None:
         trio.run(kill9_child_main, args.kill9_child, 8, 8)
@@ -635,17 +578,12 @@ def main() -> None:
 
     quick = args.quick
     emit(
-        {
-            "section": "env",
-            "python": platform.python_version(),
-            "trio": trio.__version__,
-            "trioq": trioq.__version__,
-            "cpus": os.cpu_count(),
-            "loadavg_1m": round(os.getloadavg()[0], 2),
-            "commit": git_state(),
-            "tmpdir": tempfile.gettempdir(),
-            "quick": quick,
-        }
+        env_line(
+            quick,
+            loadavg_1m=round(os.getloadavg()[0], 2),
+            commit=git_state(),
+            tmpdir=tempfile.gettempdir(),
+        )
     )
     sections = (args.only,) if args.only else SECTIONS
     started = perf_counter()
