@@ -88,7 +88,7 @@ async def submit(
             nursery.start_soon(one_client)
 
 
-async def wait_drained(client: httpx.AsyncClient, *, timeout: float, poll: float = 0.05) -> dict[str, Any]:
+async def wait_drained(client: httpx.AsyncClient, *, timeout: float, poll: float = 0.01) -> dict[str, Any]:
     """Poll ``/stats`` until nothing is ready, scheduled or running; returns the stats."""
     with trio.fail_after(timeout):
         while True:
