@@ -35,3 +35,9 @@ def spin_beating(ctx: Any, seconds: float) -> str:
 
 def explode(ctx: Any) -> None:
     raise ValueError("boom in a process")
+
+
+def touch(ctx: Any, path: str) -> None:
+    """Leave a mark that the handler ran."""
+    with open(path, "w") as f:
+        f.write("ran")

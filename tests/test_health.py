@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import trio
@@ -286,3 +287,30 @@ async def test_process_handlers_run_kill_on_timeout_and_heartbeat_across_process
     assert killed_after < 5.0  # the 20 s computation was killed at its 0.5 s deadline
     assert beat_final.state is JobState.SUCCEEDED, beat_final.error
     assert exploded.state is JobState.DEAD and exploded.error == "ValueError: boom in a process"
+
+
+@pytest.mark.slow
+async def test_process_job_cancelled_while_waiting_for_a_cpu_never_runs(tmp_path: Path) -> None:
+    import os
+
+    from tests import handlers
+
+    registry = trioq.Registry()
+    registry.add(handlers.spin, kind="process", max_attempts=1)
+    registry.add(handlers.touch, kind="process", max_attempts=1)
+    cpus = os.cpu_count() or 1
+    mark = tmp_path / "ran"
+    with trio.fail_after(30):
+        async with trioq.open_queue(registry, workers=cpus + 1) as queue:
+            spins = [await queue.enqueue("spin", {"seconds": 1.0}) for _ in range(cpus)]
+            await trio.sleep(0.2)
+            waiting = await queue.enqueue("touch", {"path": str(mark)})
+            while (await queue.get(waiting.id)).state is not JobState.RUNNING:  # noqa: ASYNC110 - polling the store
+                await trio.sleep(0.01)
+            await queue.cancel(waiting.id)
+            for job in spins:
+                await queue.wait(job.id)
+            await trio.sleep(0.2)
+            final = await queue.get(waiting.id)
+    assert final.state is JobState.CANCELLED
+    assert not mark.exists()

@@ -297,6 +297,8 @@ class WorkerPool:
         if task is None:
             return None, error_text(self._registry.unknown(job.task))
         async with self._processes.cpus:  # wait for a CPU before the deadline starts
+            if not await self._store.heartbeat(job.id, job.epoch):
+                return None, "JobCancelled: the job was cancelled while waiting for a CPU"  # refused at settle
             return await self._run_handler(me, scope, job, task)
 
     async def _run_handler(
