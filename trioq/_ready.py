@@ -36,9 +36,6 @@ class ReadyQueue:
         self._lanes: dict[int, _Lane] = {}
         self._order: list[int] = []  # negated priorities, ascending: best lane first
 
-    def __len__(self) -> int:
-        return sum(len(lane.fifo) + len(lane.late) for lane in self._lanes.values())
-
     def push(self, priority: int, item: ReadyItem) -> None:
         lane = self._lanes.get(priority)
         if lane is None:

@@ -232,7 +232,7 @@ class Queue:
         """
         if self._closing:
             return False, "the queue is shutting down"
-        if self._pool.stats()["healthy"] == 0:
+        if self._pool.healthy == 0:
             return False, "no healthy worker (all stuck, or a producer-only queue)"
         return True, "ok"
 

@@ -199,6 +199,11 @@ class WorkerPool:
         attempt.scope.cancel()
         self._watch(attempt.deadline)
 
+    @property
+    def healthy(self) -> int:
+        """Live workers not stuck in an attempt."""
+        return self._healthy
+
     def stats(self) -> dict[str, int]:
         busy = sum(1 for attempt in self._attempts.values() if not attempt.worker.stuck)
         return {

@@ -59,6 +59,17 @@ class TableStore:
         elif entry.state is JobState.SCHEDULED:
             self._config.on_scheduled(entry.run_at)
 
+    def _release_running(self) -> None:
+        """Put every running job back to ready, uncounted (session end, recovery).
+
+        Stores call this when no attempt of theirs can still be running it.
+        """
+        table, _ = self._open()
+        for entry in table.running():
+            epoch = entry.epoch
+            table.release(entry.id, epoch)
+            self._record(RELEASE, (entry.id, epoch))
+
     # The Store protocol --------------------------------------------------
 
     async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:

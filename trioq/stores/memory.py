@@ -41,7 +41,6 @@ class MemoryStore(TableStore):
         try:
             yield
         finally:
-            for entry in self._table.running():
-                self._table.release(entry.id, entry.epoch)
+            self._release_running()
             self._config = None
             self._in_use = False

@@ -14,7 +14,7 @@ import trio
 from ..._model import TrioqError
 from ..._table import JobTable
 from .._base import StoreConfig
-from .._tablestore import DROP, RELEASE, TableStore
+from .._tablestore import DROP, TableStore
 from ._format import frame
 from ._recovery import Recovery, replay
 from ._writer import FSYNC_MODES, LogWriter
@@ -122,14 +122,6 @@ class WALStore(TableStore):
             self._writer = None
             self._table = self._config = None
             lock.release()
-
-    def _release_running(self) -> None:
-        table = self._table
-        assert table is not None
-        for entry in table.running():
-            epoch = entry.epoch
-            table.release(entry.id, epoch)
-            self._record(RELEASE, (entry.id, epoch))
 
     def _record(self, kind: int, fields: tuple[Any, ...]) -> None:
         writer = self._writer
