@@ -282,7 +282,10 @@ async def test_process_handlers_run_kill_on_timeout_and_heartbeat_across_process
             explode = await queue.enqueue("explode")
             beat_final = await queue.wait(beating.id)
             exploded = await queue.wait(explode.id)
+            board = queue._pool._processes._board
+            assert board is not None and Path(board.path).exists()
 
+    assert not Path(board.path).exists()  # no leaks: the heartbeat board goes with the queue
     assert killed.state is JobState.DEAD and killed.error is not None and "timed out" in killed.error
     assert killed_after < 5.0  # the 20 s computation was killed at its 0.5 s deadline
     assert beat_final.state is JobState.SUCCEEDED, beat_final.error

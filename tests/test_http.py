@@ -14,26 +14,10 @@ from quart_trio import QuartTrio
 import trioq
 from trioq.http import blueprint, create_app
 
+from .apps import make_registry
+
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def make_registry() -> trioq.Registry:
-    registry = trioq.Registry()
-
-    @registry.task(max_attempts=1)
-    async def echo(ctx: trioq.JobContext, text: str = "") -> str:
-        return text
-
-    @registry.task(max_attempts=1)
-    async def boom(ctx: trioq.JobContext) -> None:
-        raise RuntimeError("no")
-
-    @registry.task
-    async def slow(ctx: trioq.JobContext) -> None:
-        await trio.sleep(100)
-
-    return registry
 
 
 @pytest.fixture

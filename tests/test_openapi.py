@@ -38,6 +38,8 @@ import trioq
 from trioq._openapi import openapi_spec
 from trioq.http import blueprint, create_app
 
+from .apps import make_registry
+
 TOKEN = "s3cret"
 AUTH = f"Bearer {TOKEN}"
 MAX_READY = 4
@@ -46,24 +48,6 @@ BASE_URL = "http://testserver"
 SCHEMA = schemathesis.openapi.from_dict(openapi_spec())
 OPERATIONS = [(op.path, op.method.upper()) for op in (result.ok() for result in SCHEMA.get_all_operations())]
 OPEN_ROUTES = {"/healthz", "/readyz", "/openapi.json"}
-
-
-def make_registry() -> trioq.Registry:
-    registry = trioq.Registry()
-
-    @registry.task(max_attempts=1)
-    async def echo(ctx: trioq.JobContext, text: str = "") -> str:
-        return text
-
-    @registry.task(max_attempts=1)
-    async def boom(ctx: trioq.JobContext) -> None:
-        raise RuntimeError("no")
-
-    @registry.task
-    async def slow(ctx: trioq.JobContext) -> None:
-        await trio.sleep(1000)
-
-    return registry
 
 
 TASKS = ["echo", "boom", "slow"]

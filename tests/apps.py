@@ -1,0 +1,26 @@
+"""A small registry shared by the HTTP tests."""
+
+from __future__ import annotations
+
+import trio
+
+import trioq
+
+
+def make_registry() -> trioq.Registry:
+    """``echo`` returns its text, ``boom`` always fails (one attempt), ``slow`` runs ~forever."""
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def echo(ctx: trioq.JobContext, text: str = "") -> str:
+        return text
+
+    @registry.task(max_attempts=1)
+    async def boom(ctx: trioq.JobContext) -> None:
+        raise RuntimeError("no")
+
+    @registry.task
+    async def slow(ctx: trioq.JobContext) -> None:
+        await trio.sleep(1000)
+
+    return registry
