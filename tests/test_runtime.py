@@ -496,3 +496,27 @@ def test_job_state_is_a_str_enum() -> None:
     assert JobState.DEAD == "dead"
     assert [s.value for s in JobState] == ["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
     assert {s for s in JobState if s.terminal} == {JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED}
+
+
+async def test_snapshots_do_not_share_the_stored_payload(autojump_clock: trio.testing.MockClock) -> None:
+    """A Job is a snapshot: mutating its payload (even nested) changes nothing stored."""
+    registry = trioq.Registry()
+    seen: list[dict[str, Any]] = []
+
+    @registry.task(max_attempts=2, backoff=Backoff(base=0.1, jitter=0))
+    async def meddle(ctx: trioq.JobContext, n: int, tags: list[str]) -> None:
+        seen.append({"n": n, "tags": list(tags)})
+        ctx.job.payload["n"] = 99
+        ctx.job.payload["tags"].append("changed")
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        job = await queue.enqueue("meddle", {"n": 1, "tags": ["a"]})
+        final = await queue.wait(job.id)
+        got = await queue.get(job.id)
+        got.payload["tags"].append("from outside")
+        again = await queue.get(job.id)
+    assert seen == [{"n": 1, "tags": ["a"]}, {"n": 1, "tags": ["a"]}]
+    assert final.payload == {"n": 1, "tags": ["a"]}
+    assert again.payload == {"n": 1, "tags": ["a"]}

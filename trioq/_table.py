@@ -76,7 +76,10 @@ class Entry:
 
     id: str
     task: str
-    payload: dict[str, Any]
+    #: The payload as msgpack bytes: every snapshot decodes its own copy, so
+    #: nothing a handler or caller does to ``job.payload`` reaches the table
+    #: (or makes it differ from what a log replays).
+    packed_payload: bytes
     state: JobState
     priority: int
     key: str | None
@@ -96,7 +99,7 @@ class Entry:
         return Job(
             self.id,
             self.task,
-            self.payload,
+            _unpack(self.packed_payload),
             self.state,
             self.attempts,
             self.epoch,
@@ -529,11 +532,11 @@ class JobTable:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
         self._next_seq = max(self._next_seq, seq + 1)
+        packed = _pack(payload)
         if (job_state is _READY or job_state is _SCHEDULED) and attempts == 0 and epoch == 0 and error is None:
-            packed = _pack(payload)
             self._insert_cold(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
             return
-        entry = Entry(job_id, task, payload, job_state, priority, key, max_attempts, run_at, created_at, seq)
+        entry = Entry(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
         entry.attempts = attempts
         entry.epoch = epoch
         entry.finished_at = finished_at
@@ -567,7 +570,7 @@ class JobTable:
         entry = Entry(
             cold[_C_ID],
             cold[_C_TASK],
-            _unpack(cold[_C_PAYLOAD]),
+            cold[_C_PAYLOAD],
             _STATES[cold[_C_STATE]],
             cold[_C_PRIORITY],
             cold[_C_KEY],
@@ -656,6 +659,6 @@ def _cold_snapshot(cold: Cold, payload: dict[str, Any] | None = None) -> Job:
 def _row(e: Entry) -> tuple[Any, ...]:
     """An entry as the fields of :meth:`JobTable.restore` (and of a WAL ENTRY record)."""
     return (
-        e.id, e.task, e.payload, e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
+        e.id, e.task, _unpack(e.packed_payload), e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
         e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error,
     )  # fmt: skip
