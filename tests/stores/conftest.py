@@ -42,6 +42,7 @@ STORE_KINDS: dict[str, StoreKind] = {
     # the same directory (the default), so every reopen replays the log.
     "wal": StoreKind(make=lambda path: trioq.WALStore(path / "wal", fsync="never")),
     "wal-always": StoreKind(make=lambda path: trioq.WALStore(path / "wal", fsync="always")),
+    "wal-interval": StoreKind(make=lambda path: trioq.WALStore(path / "wal", fsync="interval")),
 }
 
 

@@ -105,6 +105,10 @@ class LogWriter:
         self._segment_bytes = 0
         # Sizes of every segment on disk, the open one last.
         self._segments: dict[int, tuple[str, int]] = {n: (path, os.path.getsize(path)) for n, path in old_segments}
+        # Bytes known to be synced, per segment created by this writer (a
+        # simulated crash keeps only these; older segments count as synced).
+        self._synced: dict[int, int] = {}
+        self._killed: BaseException | None = None
         self._dirty = False
         self._last_sync = -math.inf
         #: Moving average of one write+fdatasync; see INLINE_SYNC_MAX.
@@ -122,7 +126,7 @@ class LogWriter:
     def append(self, data: bytes) -> None:
         """Queue one encoded record for the next group commit."""
         if self._closing:
-            raise RuntimeError("the WAL writer is closed")
+            raise self._killed or RuntimeError("the WAL writer is closed")
         self._pending.append(data)
         if not self._wake.is_set():
             self._wake.set()
@@ -171,7 +175,7 @@ class LogWriter:
                         with trio.move_on_after(SYNC_INTERVAL):
                             await self._wake.wait()
                         if not self._pending:
-                            await self._io(self._sync)
+                            await self._sync_now()
                             continue
                     else:
                         await self._wake.wait()
@@ -208,8 +212,7 @@ class LogWriter:
         try:
             await self.checkpoint()
         except BaseException as exc:
-            wanted.error = exc
-            wanted.done.set()
+            self._abandon(wanted, exc)
             raise
         wanted.done.set()
 
@@ -219,6 +222,37 @@ class LogWriter:
         if not self._wake.is_set():
             self._wake.set()
         await self.flush()
+
+    def kill(self, exc: BaseException) -> None:
+        """Die at once (a simulated crash): drop every pending record, write nothing more.
+
+        Callers waiting for a commit that will never happen get ``exc``. The
+        session then cancels the writer task and calls :meth:`drop_unsynced`.
+        """
+        self._killed = exc
+        self._closing = True
+        self._pending = []
+        for batch in (self._batch, self._inflight, self._checkpoint_wanted):
+            if batch is not None and not batch.done.is_set():
+                batch.error = exc
+                batch.done.set()
+
+    def drop_unsynced(self) -> None:
+        """Cut each segment this writer made back to its synced length (after :meth:`kill`).
+
+        What a machine crash may leave at worst: a segment never synced at all
+        (its header included) disappears. Run only once the writer task ended.
+        """
+        for number, synced in self._synced.items():
+            path = self._segments.get(number, (os.path.join(self.directory, segment_name(number)), 0))[0]
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                continue  # deleted by a checkpoint
+            if synced == 0:
+                os.unlink(path)
+            elif size > synced:
+                os.truncate(path, synced)
 
     async def _commit_pending(self) -> None:
         frames, batch = self._pending, self._batch
@@ -240,10 +274,9 @@ class LogWriter:
                 _write_all(self._fd, data)
                 self._dirty = True
                 if self.fsync == "interval" and trio.current_time() - self._last_sync >= SYNC_INTERVAL:
-                    await self._io(self._sync)
+                    await self._sync_now()
         except BaseException as exc:
-            batch.error = exc
-            batch.done.set()
+            self._abandon(batch, exc)
             raise
         self._segment_bytes += len(data)
         self._segments[self._segment] = (self._segments[self._segment][0], self._segment_bytes)
@@ -252,18 +285,34 @@ class LogWriter:
         self._inflight = None
         batch.done.set()
 
+    def _abandon(self, batch: _Batch, exc: BaseException) -> None:
+        """The writer failed (or was cancelled) before ``batch`` was durable: tell its waiters."""
+        if batch.done.is_set():
+            return
+        if isinstance(exc, Exception):
+            batch.error = exc
+        else:  # a Cancelled belongs to the writer task; waiters get an error of their own
+            batch.error = RuntimeError("the WAL writer stopped before these records were committed")
+        batch.done.set()
+
     def _write_and_sync(self, data: bytes) -> float:
         """Write and fdatasync ``data``; returns the seconds it took."""
         started = time.perf_counter()
         _write_all(self._fd, data)
         os.fdatasync(self._fd)
+        self._synced[self._segment] = self._segment_bytes + len(data)
         return time.perf_counter() - started
 
     def _sync(self) -> None:
         if self._dirty and self._fd >= 0:
             os.fdatasync(self._fd)
+            self._synced[self._segment] = os.fstat(self._fd).st_size
             self._dirty = False
-        self._last_sync = trio.current_time() if self.fsync == "interval" else self._last_sync
+
+    async def _sync_now(self) -> None:
+        """Sync the open segment (in a thread); notes the time for ``"interval"``."""
+        await self._io(self._sync)
+        self._last_sync = trio.current_time()
 
     async def _io(self, fn: Callable[..., None], *args: object) -> None:
         """Blocking file work: in a thread when syncing, inline otherwise."""
@@ -287,10 +336,11 @@ class LogWriter:
             raise
         if self._fd >= 0:
             if self._dirty and self.fsync != "never":
-                os.fdatasync(self._fd)
+                self._sync()
             os.close(self._fd)
         self._fd = fd
         self._dirty = False
+        self._synced[number] = len(data) if self.fsync != "never" else 0
         self._segment = number
         self._segment_bytes = len(data)
         self._segments[number] = (path, len(data))
@@ -328,8 +378,7 @@ class LogWriter:
             await self._io(self._start_segment, self._segment + 1, body)
             await self._io(self._delete_before, self._segment)
         except BaseException as exc:
-            batch.error = exc
-            batch.done.set()
+            self._abandon(batch, exc)
             raise
         del stolen
         if entries:
