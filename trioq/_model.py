@@ -20,6 +20,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "QueueFull",
+    "SimulatedCrash",
     "TrioqError",
     "UnknownTask",
 ]
@@ -51,6 +52,14 @@ class QueueFull(TrioqError):
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class SimulatedCrash(TrioqError):
+    """The queue died as if killed with ``kill -9`` (``trioq.testing.FaultPlan.crash``).
+
+    Raised out of ``open_queue`` after a fault plan's crash point: nothing more
+    was written, released or checkpointed. Open the same store again to recover.
+    """
 
 
 class JobState(enum.StrEnum):

@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 import trio
 
-from ._model import InvalidJob, Job, JobSpec, TrioqError, check_json
+from ._faults import FaultPlan, FaultSession
+from ._model import InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
 from ._registry import Registry
 from ._worker import Totals, WorkerPool
 from .stores._base import NewJob, Store, StoreConfig
@@ -96,6 +97,9 @@ class Queue:
         self._closing = False
         self._timer_at = math.inf
         self._timer_scope: trio.CancelScope | None = None
+        self._faults: FaultSession | None = None
+        self._scope: trio.CancelScope | None = None
+        self._crash: SimulatedCrash | None = None
 
     # ------------------------------------------------------------ producing
 
@@ -124,7 +128,16 @@ class Queue:
         self._check_open()
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
-        jobs = await self.store.add(new, max_pending=self._max_ready)
+        faults = self._faults
+        if faults is None:
+            jobs = await self.store.add(new, max_pending=self._max_ready)
+        else:
+            jobs = []
+            faults.enqueue_started()
+            try:
+                jobs = await self.store.add(new, max_pending=self._max_ready)
+            finally:
+                faults.enqueue_finished(jobs)
         self._totals.enqueued += len(jobs)
         return jobs
 
@@ -276,6 +289,14 @@ class Queue:
         if self._joiners:
             self._progress.set()  # join() swaps in a fresh event when it looks again
 
+    def _die(self, crash: SimulatedCrash) -> None:
+        """A simulated crash: stop everything at once; ``open_queue`` raises ``crash``."""
+        self._crash = crash
+        self._closing = True
+        self._pool.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
+
     def _scheduled(self, run_at: float) -> None:
         at = run_at - self._offset + _TIMER_SLACK
         if at < self._timer_at:
@@ -325,6 +346,7 @@ async def open_queue(
     max_ready: int | None = None,
     retention: float = 3600.0,
     max_retained: int = 100_000,
+    faults: FaultPlan | None = None,
 ) -> AsyncIterator[Queue]:
     """Open a queue on ``store`` (a fresh ``MemoryStore`` if ``None``) with ``workers`` workers.
 
@@ -334,6 +356,10 @@ async def open_queue(
     skips the grace. ``workers=0`` opens a producer-only queue. Exceptions of
     the body and trioq's own errors come out as themselves, never wrapped in
     an ``ExceptionGroup`` of one.
+
+    ``faults`` applies a :class:`trioq.testing.FaultPlan`: failures, hangs and
+    delays in attempts, and a simulated crash, after which
+    :class:`trioq.testing.SimulatedCrash` comes out of this block.
     """
     if not isinstance(registry, Registry):
         raise TypeError(f"open_queue needs a trioq.Registry, got {type(registry).__name__}")
@@ -345,6 +371,8 @@ async def open_queue(
         raise ValueError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace!r}")
     if max_ready is not None and (isinstance(max_ready, bool) or not isinstance(max_ready, int) or max_ready < 1):
         raise ValueError(f"max_ready must be an int >= 1 or None, got {max_ready!r}")
+    if faults is not None and not isinstance(faults, FaultPlan):
+        raise TypeError(f"faults must be a trioq.testing.FaultPlan or None, got {type(faults).__name__}")
     queue = Queue(
         registry,
         MemoryStore() if store is None else store,
@@ -354,8 +382,17 @@ async def open_queue(
         retention=retention,
         max_retained=max_retained,
     )
+    if faults is not None:
+        queue._faults = queue._pool.faults = FaultSession(
+            faults,
+            registry=registry,
+            heartbeat_timeout=heartbeat_timeout,
+            store=queue.store,
+            on_crash=queue._die,
+        )
     try:
         async with queue.store.session(queue._config), trio.open_nursery() as nursery:
+            queue._scope = nursery.cancel_scope
             await nursery.start(queue._pool.run)
             nursery.start_soon(queue._timer)
             nursery.start_soon(queue._maintain)
@@ -366,14 +403,18 @@ async def open_queue(
             finally:
                 try:
                     queue._closing = True
-                    if graceful:
+                    if graceful and queue._crash is None:
                         await queue._drain(shutdown_grace)
                 finally:
                     queue._pool.cancel()
                     nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        single = _collapse(group)
-        if single is group:
+    except BaseException as exc:
+        if queue._crash is not None:
+            raise queue._crash from None  # it died: whatever else broke on the way down is moot
+        if not isinstance(exc, BaseExceptionGroup):
+            raise
+        single = _collapse(exc)
+        if single is exc:
             raise
         # Re-raise the lone exception as itself, keeping its own cause and
         # context rather than chaining it to the group.
@@ -382,4 +423,9 @@ async def open_queue(
             raise single
         finally:
             single.__cause__, single.__context__, single.__suppress_context__ = cause, context, suppress
-            del single, group
+            del single, exc
+    finally:
+        if queue._faults is not None:
+            queue._faults.close()
+    if queue._crash is not None:
+        raise queue._crash

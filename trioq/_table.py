@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Final
 
 import attrs
@@ -550,6 +550,19 @@ class JobTable:
             self._terminal[job_id] = entry
         elif job_state is not _RUNNING:
             self._push(entry)
+
+    def jobs(self, states: Collection[JobState], limit: int) -> list[Job]:
+        """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first (a scan: for checks)."""
+        wanted = frozenset(states)
+        found: list[tuple[int, Job]] = []
+        for item in self._jobs.values():
+            if isinstance(item, tuple):
+                if _STATES[item[_C_STATE]] in wanted:
+                    found.append((item[_C_SEQ], _cold_snapshot(item)))
+            elif item.state in wanted:
+                found.append((item.seq, item.snapshot()))
+        found.sort(key=lambda pair: pair[0])
+        return [job for _, job in found[:limit]]
 
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""

@@ -24,6 +24,7 @@ import trio
 
 from ._context import Attempt, JobContext
 from ._executors import ProcessRunner, ThreadRunner
+from ._faults import FaultSession
 from ._model import Backoff, Job, JobState, check_json, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
@@ -131,6 +132,8 @@ class WorkerPool:
         self._trio_thread = threading.get_ident()
         self._ack_wake = trio.Event()
         self._fatal_notes: set[str] = set()
+        #: A fault plan applied to this queue's attempts (trioq.testing), if any.
+        self.faults: FaultSession | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -320,13 +323,11 @@ class WorkerPool:
             self._watch(attempt.deadline)
         attempt.in_handler = True
         try:
-            kind = task.kind
-            if kind == "async":
+            if self.faults is not None:
+                return await self.faults.attempt(job, lambda: self._call(me, job, task, attempt)), None
+            if task.kind == "async":  # the hot path, inline: a call less per job
                 return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload), None
-            if kind == "thread":
-                ctx = JobContext(job, attempt, self._token, self._trio_thread)
-                return await self._threads.call(task.fn, ctx, job.payload), None
-            return await self._processes.call(task.fn, attempt, me.slot, job.payload), None
+            return await self._call(me, job, task, attempt), None
         except BaseException as exc:
             if scope.cancel_called:
                 rest = _without_cancelled(exc)
@@ -342,6 +343,16 @@ class WorkerPool:
                 scope.deadline = math.inf
             if self._attempts.get(job.id) is attempt:
                 del self._attempts[job.id]
+
+    async def _call(self, me: _Worker, job: Job, task: TaskDef, attempt: Attempt) -> Any:
+        """Call the handler of ``task`` its own way (async, thread or process)."""
+        kind = task.kind
+        if kind == "async":
+            return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload)
+        if kind == "thread":
+            ctx = JobContext(job, attempt, self._token, self._trio_thread)
+            return await self._threads.call(task.fn, ctx, job.payload)
+        return await self._processes.call(task.fn, attempt, me.slot, job.payload)
 
     async def _settle(self, me: _Worker, result: Any, error: str | None) -> None:
         """Record the outcome of ``me``'s attempt under its epoch, unless already decided."""

@@ -9,13 +9,13 @@ implements the same calls in SQL. Every store passes the conformance suite in
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .._model import Job
+from .._model import Job, JobState
 
 __all__ = ["CancelResult", "IdMaker", "NewJob", "Store", "StoreConfig"]
 
@@ -160,4 +160,11 @@ class Store(Protocol):
 
     async def counts(self) -> dict[str, int]:
         """Jobs per state, keyed by the state's string value."""
+        ...
+
+    async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
+        """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first.
+
+        For checks and listings, not hot paths: a store may scan to answer.
+        """
         ...

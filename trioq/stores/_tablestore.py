@@ -11,10 +11,10 @@ those records through the same table methods.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from .._model import Job, JobState, QueueFull
+from .._model import Job, JobState, QueueFull, SimulatedCrash
 from .._table import Entry, JobTable
 from ._base import CancelResult, IdMaker, NewJob, StoreConfig
 
@@ -35,6 +35,8 @@ class TableStore:
         self._table: JobTable | None = None
         self._config: StoreConfig | None = None
         self._ids = IdMaker()
+        #: Set when a fault plan's simulated crash killed this session.
+        self._crashed: SimulatedCrash | None = None
 
     # Hooks ---------------------------------------------------------------
 
@@ -49,6 +51,8 @@ class TableStore:
     def _open(self) -> tuple[JobTable, StoreConfig]:
         table, config = self._table, self._config
         if table is None or config is None:
+            if self._crashed is not None:
+                raise SimulatedCrash(str(self._crashed))
             raise RuntimeError(f"{type(self).__name__} is not open; use it through trioq.open_queue")
         return table, config
 
@@ -196,6 +200,10 @@ class TableStore:
             self._record(DROP, (job_id,))
         await self._flush()
         return len(evicted)
+
+    async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
+        table, _ = self._open()
+        return table.jobs(states, limit)
 
     async def counts(self) -> dict[str, int]:
         table, _ = self._open()

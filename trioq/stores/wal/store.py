@@ -6,12 +6,12 @@ import contextlib
 import fcntl
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
 
-from ..._model import TrioqError
+from ..._model import SimulatedCrash, TrioqError
 from ..._table import JobTable
 from .._base import StoreConfig
 from .._tablestore import DROP, TableStore
@@ -84,11 +84,18 @@ class WALStore(TableStore):
         self._drops: list[str] = []
         #: What the last open found in the log (see :class:`Recovery`).
         self.recovery: Recovery | None = None
+        #: Transition records appended since the store was last opened.
+        self.records_appended = 0
+        self._crash_at: int | None = None
+        self._on_crash: Callable[[SimulatedCrash, int], None] | None = None
 
     @contextlib.asynccontextmanager
     async def session(self, config: StoreConfig) -> AsyncIterator[None]:
         os.makedirs(self.path, exist_ok=True)
         lock = _DirectoryLock(self.path)
+        writer: LogWriter | None = None
+        self._crashed = None
+        self.records_appended = 0
         try:
             table = JobTable(retention=config.retention, max_retained=sys.maxsize)
             recovery = await trio.to_thread.run_sync(replay, self.path, table)
@@ -107,18 +114,23 @@ class WALStore(TableStore):
                 )
                 await nursery.start(writer.run)
                 self._writer = writer
-                # Attempts cut off by a crash are not counted: back to ready.
-                self._release_running()
-                for job_id in table.evict(config.clock()):
-                    self._record(DROP, (job_id,))
-                await self._flush()
                 try:
+                    # Attempts cut off by a crash are not counted: back to ready.
+                    self._release_running()
+                    for job_id in table.evict(config.clock()):
+                        self._record(DROP, (job_id,))
+                    await self._flush()
                     yield
                 finally:
-                    with trio.CancelScope(shield=True):
-                        self._release_running()
-                        await writer.close()
+                    if self._crashed is None:
+                        with trio.CancelScope(shield=True):
+                            self._release_running()
+                            await writer.close()
+                    else:
+                        nursery.cancel_scope.cancel()  # dead: write nothing more
         finally:
+            if self._crashed is not None and writer is not None:
+                writer.drop_unsynced()
             self._writer = None
             self._table = self._config = None
             lock.release()
@@ -127,10 +139,39 @@ class WALStore(TableStore):
         writer = self._writer
         assert writer is not None
         writer.append(frame(kind, fields))
+        self.records_appended += 1
         if self._drops:
             for job_id in self._drops:
                 writer.append(frame(DROP, (job_id,)))
+            self.records_appended += len(self._drops)
             self._drops.clear()
+        if self._crash_at is not None and self.records_appended >= self._crash_at:
+            self._crash()
+
+    def _arm_crash(self, after_records: int | None, on_crash: Callable[[SimulatedCrash, int], None]) -> None:
+        """Die like ``kill -9`` once ``after_records`` records were appended (``None`` disarms).
+
+        Used by ``trioq.testing.FaultPlan.crash``; ``on_crash(exc, record)`` is
+        called at the moment of death, before ``exc`` is raised.
+        """
+        self._crash_at = after_records
+        self._on_crash = on_crash if after_records is not None else None
+
+    def _crash(self) -> None:
+        record = self.records_appended
+        on_crash = self._on_crash
+        self._crash_at = self._on_crash = None
+        exc = SimulatedCrash(
+            f"simulated crash after WAL record {record} of this session (FaultPlan.crash): "
+            f"nothing more was written to {self.path}; open the store again to recover"
+        )
+        self._crashed = exc
+        self._table = None  # every later call raises SimulatedCrash
+        assert self._writer is not None
+        self._writer.kill(exc)
+        if on_crash is not None:
+            on_crash(exc, record)
+        raise exc
 
     async def _flush(self) -> None:
         assert self._writer is not None

@@ -1,0 +1,20 @@
+"""Testing helpers: fault plans and checks, usable with or without pytest.
+
+``FaultPlan`` injects failures, hangs, delays and a simulated crash into a
+queue (``trioq.open_queue(..., faults=plan)``); the ``pytest_trioq`` plugin
+wraps it in fixtures. See ``docs/testing.md``.
+"""
+
+from ._faults import FaultPlan, InjectedFailure, Injection, Rule
+from ._model import SimulatedCrash
+from ._testing import assert_all_terminal, crash_points
+
+__all__ = [
+    "FaultPlan",
+    "InjectedFailure",
+    "Injection",
+    "Rule",
+    "SimulatedCrash",
+    "assert_all_terminal",
+    "crash_points",
+]
