@@ -127,7 +127,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def describe(plan: FaultPlan, nodeid: str) -> str:
-    """The report section of a failed test: seed, how to replay, what was injected."""
+    """The report section of a failed test: seed, how to replay, what was injected.
+
+    The node id (like the ``FAILED`` lines) is relative to pytest's rootdir:
+    the replay command runs from there.
+    """
     lines = [
         f"seed: {plan.seed}",
         f"replay: pytest {shlex.quote(nodeid)} --trioq-seed={plan.seed}",

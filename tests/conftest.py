@@ -8,6 +8,8 @@ import pytest
 import trio
 import trio.lowlevel
 
+pytest_plugins = ["pytester"]
+
 
 class TaskTracker(trio.abc.Instrument):
     """A trio instrument that knows which tasks spawned since it was added are alive."""
