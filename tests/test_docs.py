@@ -46,3 +46,19 @@ def test_trioq_demo_runs_kills_the_server_and_loses_nothing() -> None:
     assert re.search(r"jobs acknowledged by the server\s+200\n", proc.stdout)
     assert re.search(r"acknowledged but unfinished \(must be 0\)\s+0\n", proc.stdout)
     assert "every acknowledged job finished" in proc.stdout
+
+
+def test_testing_guide_shows_the_example_tests_as_they_are() -> None:
+    # docs/testing.md quotes examples/test_shop.py (which tests/test_plugin.py runs):
+    # every quoted test exists there, and every quoted line is one of its lines.
+    guide = (ROOT / "docs" / "testing.md").read_text()
+    example = {line.strip() for line in (ROOT / "examples" / "test_shop.py").read_text().splitlines()}
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", guide, flags=re.S) if "async def test_" in b]
+    assert len(blocks) >= 5
+    for block in blocks:
+        for name in re.findall(r"async def (test_\w+)", block):
+            assert any(line.startswith(f"async def {name}(") for line in example), name
+        for line in block.splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "async def ", "@pytest")):
+                assert line in example, line

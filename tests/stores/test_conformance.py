@@ -596,6 +596,19 @@ async def test_counts_follow_every_state(store: Store, store_factory: StoreFacto
     assert counts == zero_counts(succeeded=1, dead=1, running=1, cancelled=1, ready=1, scheduled=1)
 
 
+async def test_jobs_lists_by_state_oldest_first(store: Store, store_factory: StoreFactory) -> None:
+    jobs = await store.add([store_factory.job(f"t{n}", priority=n % 2, delay=10.0 * (n == 4)) for n in range(5)])
+    running = await claim_one(store)  # t1: priority 1 first
+    await store.cancel(jobs[2].id)
+    pending = [JobState.READY, JobState.SCHEDULED, JobState.RUNNING]
+    listed = await store.jobs(pending)
+    assert [job.task for job in listed] == ["t0", "t1", "t3", "t4"]
+    assert listed[1] == await store.get(running.id)
+    assert [job.task for job in await store.jobs(pending, limit=2)] == ["t0", "t1"]
+    assert [job.task for job in await store.jobs([JobState.CANCELLED])] == ["t2"]
+    assert await store.jobs([JobState.DEAD]) == []
+
+
 async def test_unknown_id_raises_job_not_found(store: Store, store_factory: StoreFactory) -> None:
     await store.add([store_factory.job()])
     with pytest.raises(JobNotFound):
