@@ -15,6 +15,13 @@ matplotlib``). Figures written (each only if its data is there):
 ``seed_orchd_reliability.png``
     orchd experiments B and C: completion % with the feature off and on, and
     the time each took.
+``peers.png``
+    ``peers.jsonl``: no-op drain rate and start latency p50 per library (log
+    scales, medians with min-max bars), and sleep-bound efficiency at 16 and 64.
+``cpu.png``
+    ``cpu.jsonl``: jobs/s of process handlers against workers, with the ideal.
+``scale.png``
+    ``scale.jsonl``: enqueue, drain and recovery rates against jobs held.
 """
 
 from __future__ import annotations
@@ -156,6 +163,99 @@ def plot_reliability(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path)
     return path
 
 
+def plot_peers(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    rows = [r for r in data.get("peers", []) if r.get("section") == "summary"]
+    if not rows:
+        return None
+    names = [f"{r['lib']}\n{r['variant']}" for r in rows]
+    colors = ["tab:blue" if r["lib"] == "trioq" else "tab:grey" for r in rows]
+    panels = [
+        ("drain_per_s", "no-op drain, jobs/s (log)", True),
+        ("p50_ms", "start latency p50, ms (log; lower is better)", True),
+        ("sleep16_efficiency", "sleep-bound efficiency @16", False),
+        ("sleep64_efficiency", "sleep-bound efficiency @64", False),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    for ax, (key, title, log_scale) in zip(axes.flat, panels, strict=True):
+        med = [r.get(key, {}).get("median", 0.0) for r in rows]
+        low = [m - r.get(key, {}).get("min", m) for m, r in zip(med, rows, strict=True)]
+        high = [r.get(key, {}).get("max", m) - m for m, r in zip(med, rows, strict=True)]
+        ax.bar(range(len(rows)), med, color=colors, yerr=[low, high], capsize=3)
+        ax.set_xticks(range(len(rows)), names, fontsize=7)
+        if log_scale:
+            ax.set_yscale("log")
+        for i, m in enumerate(med):
+            ax.annotate(
+                f"{m:,.3g}", (i, m), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points"
+            )
+        ax.set_title(title, fontsize=10)
+    fig.suptitle("trioq (blue, embedded) beside networked peers (grey), same machine, same run", fontsize=11)
+    fig.tight_layout()
+    path = out / "peers.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_cpu(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    rows = sorted((r for r in data.get("cpu", []) if r.get("section") == "scaling"), key=lambda r: r["workers"])
+    if not rows:
+        return None
+    workers = [r["workers"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.plot(
+        workers, [r["ideal_jobs_per_s"] for r in rows], ":", color="grey", label="ideal: min(workers, CPUs) / serial"
+    )
+    ax.plot(workers, [r["jobs_per_s"] for r in rows], "o-", color="tab:blue", label='trioq, kind="process"')
+    orchd = {1: 20.7, 2: 37.7, 4: 39.1, 16: 14.4}
+    ax.plot(list(orchd), list(orchd.values()), "x--", color="tab:red", label="orchd (published)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(workers, [str(w) for w in workers])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("jobs/s (chained SHA-256)")
+    ax.legend(fontsize=8)
+    ax.set_title("CPU-bound jobs on process handlers", fontsize=10)
+    fig.tight_layout()
+    path = out / "cpu.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_scale(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    rows = [r for r in data.get("scale", []) if r.get("section") == "scale"]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for store, style in (("memory", "o-"), ("wal-always", "s--")):
+        mine = sorted((r for r in rows if r["store"] == store), key=lambda r: r["jobs"])
+        n = [r["jobs"] for r in mine]
+        for key, color in (
+            ("enqueue_per_s", "tab:blue"),
+            ("drain_per_s", "tab:green"),
+            ("recovery_records_per_s", "tab:purple"),
+        ):
+            if all(key in r for r in mine):
+                axes[0].plot(
+                    n, [r[key] for r in mine], style, color=color, label=f"{key.removesuffix('_per_s')} ({store})"
+                )
+        axes[1].plot(n, [r["rss_per_job_bytes"] for r in mine], style, label=f"RSS per job ({store})")
+        if all("wal_bytes_per_job" in r for r in mine):
+            axes[1].plot(n, [r["wal_bytes_per_job"] for r in mine], style, label="WAL bytes per job")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("jobs held")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("per second")
+    axes[1].set_ylabel("bytes per job")
+    fig.suptitle("How trioq's costs grow with the number of jobs", fontsize=11)
+    fig.tight_layout()
+    path = out / "scale.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=_ROOT / "benchmarks" / "results")
@@ -178,9 +278,10 @@ def main() -> int:
         print(f"plot: no *.jsonl files in {args.results}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    written = [p for p in (plot_throughput(plt, data, args.out), plot_reliability(plt, data, args.out)) if p]
+    plots = (plot_throughput, plot_reliability, plot_peers, plot_cpu, plot_scale)
+    written = [p for p in (plot(plt, data, args.out) for plot in plots) if p]
     if not written:
-        print("plot: nothing to plot (no seed_orchd lines found)", file=sys.stderr)
+        print("plot: nothing to plot (no results lines it knows)", file=sys.stderr)
         return 1
     for path in written:
         print(f"wrote {path.relative_to(_ROOT) if path.is_relative_to(_ROOT) else path}")
