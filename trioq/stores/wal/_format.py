@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -124,23 +125,42 @@ def decode(payload: bytes | memoryview) -> Any:
 class Scan:
     """What reading one segment found.
 
-    ``batches`` are the committed batches, each a list of ``(type, payload, offset)``.
-    ``committed_end`` is the offset just past the last commit marker (or the
-    header). ``damage_at`` is the offset of the first unreadable byte, if any;
-    ``damage`` says what was wrong there. ``commit_after_damage`` is True when a
-    valid commit marker lies beyond the damage, which makes it corruption
-    rather than a torn tail.
+    ``data`` is the segment's bytes. Every record between the header and
+    ``committed_end`` (the offset just past the last commit marker) is
+    checksummed and committed: :meth:`records` yields them. ``batches`` counts
+    the commit markers, ``records`` the other records before ``committed_end``,
+    ``first_kind`` is the type of the first record (``None`` if none).
+    ``damage_at`` is the offset of the first unreadable byte, if any; ``damage``
+    says what was wrong there. ``commit_after_damage`` is True when a valid
+    commit marker lies beyond the damage, which makes it corruption rather
+    than a torn tail.
     """
 
     path: str
     number: int
     size: int
-    batches: list[list[tuple[int, memoryview, int]]]
+    data: bytes = attrs.field(repr=False)
     committed_end: int
+    batches: int = 0
+    records: int = 0
+    first_kind: int | None = None
     damage_at: int | None = None
     damage: str | None = None
     commit_after_damage: bool = False
-    records: int = 0
+
+    def committed(self) -> Iterator[tuple[int, memoryview, int]]:
+        """``(type, payload, offset)`` of each committed record, commit markers included.
+
+        Reads frames again without checking them: :func:`scan_segment` did.
+        Streaming them keeps replay's memory to the table plus one segment.
+        """
+        data, view, unpack = self.data, memoryview(self.data), _FRAME.unpack_from
+        pos, end = HEADER_SIZE, self.committed_end
+        while pos < end:
+            length, _, kind = unpack(data, pos)
+            stop = pos + FRAME_OVERHEAD + length
+            yield kind, view[pos + FRAME_OVERHEAD : stop], pos
+            pos = stop
 
 
 def _read_header(data: bytes, path: str) -> int:
@@ -158,16 +178,15 @@ def _read_header(data: bytes, path: str) -> int:
 
 
 def scan_segment(path: str) -> Scan:
-    """Read a segment, splitting it into committed batches and locating any damage."""
+    """Read a segment and check every record, locating the committed end and any damage."""
     with open(path, "rb") as f:
         data = f.read()
     number = _read_header(data, path)
     view = memoryview(data)
     size = len(data)
-    batches: list[list[tuple[int, memoryview, int]]] = []
-    current: list[tuple[int, memoryview, int]] = []
+    batches = records = pending = 0
+    first_kind: int | None = None
     pos = committed_end = HEADER_SIZE
-    records = 0
     unpack = _FRAME.unpack_from
     damage: str | None = None
     while pos < size:
@@ -182,21 +201,24 @@ def scan_segment(path: str) -> Scan:
         if crc32c(view[pos + 8 : end]) != crc:
             damage = "checksum mismatch"
             break
+        if first_kind is None:
+            first_kind = kind
         if kind == COMMIT:
             if length != _COMMIT_BODY.size or data[pos + FRAME_OVERHEAD : pos + FRAME_OVERHEAD + 8] != COMMIT_MAGIC:
                 damage = "malformed commit marker"
                 break
-            batches.append(current)
-            current = []
+            batches += 1
+            records += pending
+            pending = 0
             committed_end = end
         elif kind in KNOWN_TYPES:
-            current.append((kind, view[pos + FRAME_OVERHEAD : end], pos))
-            records += 1
+            pending += 1
         else:
             damage = f"unknown record type {kind}"
             break
         pos = end
-    scan = Scan(path, number, size, batches, committed_end, records=records)
+    del view
+    scan = Scan(path, number, size, data, committed_end, batches, records, first_kind)
     if damage is not None:
         scan.damage_at = pos
         scan.damage = damage
