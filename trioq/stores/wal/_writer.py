@@ -89,7 +89,8 @@ class LogWriter:
     """Owns the open segment; see the module docstring for the guarantees.
 
     ``export`` returns the fields of one ENTRY record per job of the table at
-    the moment it is called (a checkpoint).
+    the moment it is called (a checkpoint); ``live`` returns how many jobs
+    that would be, cheaply (to decide whether a checkpoint pays).
     """
 
     def __init__(
@@ -101,11 +102,13 @@ class LogWriter:
         next_segment: int,
         old_segments: list[tuple[int, str]],
         export: Callable[[], list[tuple[object, ...]]],
+        live: Callable[[], int],
     ) -> None:
         self.directory = directory
         self.fsync = fsync
         self.segment_size = segment_size
         self._export = export
+        self._live = live
         self._pending: list[bytes] = []
         self._batch = _Batch()
         self._inflight: _Batch | None = None
@@ -372,11 +375,11 @@ class LogWriter:
         checkpoint is taken are reflected in it, so their callers are woken when
         it is durable.
         """
-        entries = self._export()
-        estimate = len(entries) * self._bytes_per_entry
-        if only_if_worth_it and estimate * 2 > self.disk_bytes:
+        # Exporting a million jobs takes seconds: estimate from the count first.
+        if only_if_worth_it and self._live() * self._bytes_per_entry * 2 > self.disk_bytes:
             await self._io(self._start_segment, self._segment + 1, b"")
             return False
+        entries = self._export()
         # Everything pending now was applied to the table before export():
         # the checkpoint holds it, so those records need not be written again.
         stolen, batch = self._pending, self._batch

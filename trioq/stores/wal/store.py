@@ -114,6 +114,7 @@ class WALStore(TableStore):
                     next_segment=recovery.last_segment + 1,
                     old_segments=recovery.segments,
                     export=self._export,
+                    live=table.__len__,
                 )
                 await nursery.start(writer.run)
                 self._writer = writer
