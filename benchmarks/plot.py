@@ -186,7 +186,13 @@ def plot_peers(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Pa
             ax.set_yscale("log")
         for i, m in enumerate(med):
             ax.annotate(
-                f"{m:,.3g}", (i, m), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points"
+                f"{m:,.0f}" if m >= 100 else f"{m:.3g}",
+                (i, m),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
             )
         ax.set_title(title, fontsize=10)
     fig.suptitle("trioq (blue, embedded) beside networked peers (grey), same machine, same run", fontsize=11)

@@ -367,9 +367,9 @@ def recovery_child(path: str) -> dict[str, Any]:
     t0 = perf_counter()
     decoded = 0
     for scan in scans:
-        for batch in scan.batches:
-            for record in batch:  # (type, payload, ...)
-                _format.decode(record[1])
+        for kind, payload, _ in scan.committed():
+            if kind != _format.COMMIT:
+                _format.decode(payload)
                 decoded += 1
     out["decode_s"] = perf_counter() - t0
     out["decoded"] = decoded
