@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -393,3 +394,41 @@ async def test_assert_all_terminal_lists_what_is_pending(autojump_clock: trio.te
         assert message.splitlines()[0] == "not every job is terminal: 2 ready, 1 scheduled"
         assert f"{jobs[1].id} 'quick' ready, 0 attempt(s)" in message
         assert later.id not in message and "... and 1 more" in message
+
+
+async def test_a_failing_body_is_not_hidden_by_a_crash_during_shutdown(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # ADD (1), CLAIM (2); the release at shutdown would be record 3.
+    plan = FaultPlan().crash(after_records=3)
+    with pytest.raises(AssertionError, match="the test's own check"):
+        async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path), faults=plan) as queue:
+            await queue.enqueue("block")
+            await trio.sleep(1)
+            raise AssertionError("the test's own check")
+    assert plan.injected == [] and plan.crash_after == 3  # disarmed, not spent
+
+
+async def test_a_claimed_job_waits_only_for_enqueues_already_in_flight() -> None:
+    from trioq._faults import FaultSession
+
+    session = FaultSession(
+        FaultPlan(), registry=registry, heartbeat_timeout=None, store=trioq.MemoryStore(), on_crash=print
+    )
+    first = session.enqueue_started()
+    got: list[int] = []
+    async with trio.open_nursery() as nursery:
+        # Claimed while `first` (which added it) is in flight: waits for it.
+        nursery.start_soon(lambda: _number_into(session, "job-a", got))
+        await trio.testing.wait_all_tasks_blocked()
+        later = session.enqueue_started()  # began after the claim: not waited for
+        session.enqueue_finished(first, [SimpleNamespace(id="job-a")])  # type: ignore[list-item]
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [1]  # while `later` is still in flight
+        session.enqueue_finished(later, [])
+        assert await session.number("recovered") == 2  # nobody enqueued it: numbered now
+    session.close()
+
+
+async def _number_into(session: Any, job_id: str, into: list[int]) -> None:
+    into.append(await session.number(job_id))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 import trioq
 from trioq import JobState
@@ -56,3 +57,26 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
             await queue.join()
             seen = _crash_copy(wal, tmp_path / "after-join")
             assert all(seen.get(j.id).state is JobState.SUCCEEDED for j in jobs)
+
+
+@pytest.mark.parametrize("fsync", ["always", "never"])
+async def test_an_outer_cancel_leaves_the_queue_and_releases_running_jobs(
+    tmp_path: Path, fsync: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The WAL writer shields itself: cancelled from outside, the queue still
+    # commits the release of its running job, instead of the worker waiting
+    # forever on a writer that is gone.
+    registry = trioq.Registry()
+
+    @registry.task(timeout=60)
+    async def slow(ctx: trioq.JobContext) -> None:
+        await trio.sleep(10)
+
+    with trio.move_on_after(1) as scope:
+        async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path, fsync=fsync)) as queue:
+            job = await queue.enqueue("slow")
+            await trio.sleep(5)
+    assert scope.cancelled_caught
+    async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path), workers=0) as queue:
+        found = await queue.get(job.id)
+    assert (found.state, found.attempts) == ("ready", 0)

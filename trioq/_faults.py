@@ -311,8 +311,7 @@ class FaultSession:
         self._store = store
         self._on_crash = on_crash
         self._numbers: dict[str, int] = {}
-        self._enqueuing = 0
-        self._enqueued = trio.Event()
+        self._inflight: set[trio.Event] = set()
         for rule in plan.rules:
             self.check(rule)
         if plan.crash_after is not None:
@@ -359,43 +358,47 @@ class FaultSession:
 
     # ---------------------------------------------------------- numbering
 
-    def enqueue_started(self) -> None:
-        self._enqueuing += 1
+    def enqueue_started(self) -> trio.Event:
+        """An ``enqueue`` began; pass the token returned to :meth:`enqueue_finished`."""
+        token = trio.Event()
+        self._inflight.add(token)
+        return token
 
-    def enqueue_finished(self, jobs: Sequence[Job]) -> None:
+    def enqueue_finished(self, token: trio.Event, jobs: Sequence[Job]) -> None:
         """Number the jobs an ``enqueue`` added (in order; existing keyed jobs keep theirs)."""
         numbers = self._numbers
         for job in jobs:
             if job.id not in numbers:
                 numbers[job.id] = len(numbers) + 1
-        self._enqueuing -= 1
-        if self._enqueuing == 0:
-            self._enqueued.set()
-            self._enqueued = trio.Event()
+        self._inflight.discard(token)
+        token.set()
 
     async def number(self, job_id: str) -> int:
-        """The job's enqueue order; a job this queue did not enqueue is numbered at its first attempt.
+        """The job's enqueue order in this queue (1, 2, ...); the worker asks at each claim.
 
         A worker can claim a job before the ``enqueue`` that added it has
-        returned (a durable store flushes first); it waits for that enqueue, so
-        numbers follow enqueue order whatever trio runs first.
+        returned (a durable store flushes first): it waits for the enqueues in
+        flight at that moment (one of them added the job), never for later
+        ones. A job none of them added (recovered from a log, or enqueued by
+        another queue on the same store) is numbered at its first claim.
         """
         numbers = self._numbers
-        while job_id not in numbers:
-            if self._enqueuing == 0:
-                numbers[job_id] = len(numbers) + 1
-                break
-            await self._enqueued.wait()
-        return numbers[job_id]
+        number = numbers.get(job_id)
+        if number is not None:
+            return number
+        for token in list(self._inflight):
+            await token.wait()
+            if job_id in numbers:
+                return numbers[job_id]
+        number = numbers[job_id] = len(numbers) + 1
+        return number
 
     # ------------------------------------------------------------ attempts
 
     async def attempt(self, job: Job, call: Callable[[], Awaitable[Any]]) -> Any:
         """Run one attempt of ``job`` (``call`` runs the handler) with the plan's faults."""
         plan = self.plan
-        if not plan._rules:
-            return await call()
-        number = await self.number(job.id)
+        number = await self.number(job.id)  # numbered at its claim already: no wait
         attempt = job.attempts + 1
         hits = plan.decide(job.task, number, attempt)
         if not hits:

@@ -133,11 +133,11 @@ class Queue:
             jobs = await self.store.add(new, max_pending=self._max_ready)
         else:
             jobs = []
-            faults.enqueue_started()
+            token = faults.enqueue_started()
             try:
                 jobs = await self.store.add(new, max_pending=self._max_ready)
             finally:
-                faults.enqueue_finished(jobs)
+                faults.enqueue_finished(token, jobs)
         self._totals.enqueued += len(jobs)
         return jobs
 
@@ -327,6 +327,12 @@ class Queue:
             await self._pool.wait_drained()
 
 
+def _is_crash_or_cancel(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_crash_or_cancel(inner) for inner in exc.exceptions)
+    return isinstance(exc, SimulatedCrash | trio.Cancelled)
+
+
 def _collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The single exception inside nested groups of one, or the group itself."""
     exc: BaseException = group
@@ -400,6 +406,12 @@ async def open_queue(
             try:
                 yield queue
                 graceful = True
+            except BaseException as exc:
+                if queue._faults is not None and queue._crash is None and not _is_crash_or_cancel(exc):
+                    # The body failed first: a crash point reached while the
+                    # queue shuts down must not hide that failure.
+                    queue._faults.arm_crash(None)
+                raise
             finally:
                 try:
                     queue._closing = True

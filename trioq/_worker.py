@@ -260,6 +260,10 @@ class WorkerPool:
                 if job is None:
                     return False
                 me.job = job
+                if self.faults is not None:
+                    # Numbered at its claim, before any deadline runs: the
+                    # number must not depend on waiting for a CPU.
+                    await self.faults.number(job.id)
                 task = me.task = self._registry.get(job.task)
                 if task is not None and task.kind != "process":
                     result, error = await self._run_handler(me, scope, job, task)

@@ -124,6 +124,7 @@ class LogWriter:
         # simulated crash keeps only these; older segments count as synced).
         self._synced: dict[int, int] = {}
         self._killed: BaseException | None = None
+        self._scope: trio.CancelScope | None = None
         self._dirty = False
         self._last_sync = -math.inf
         #: Moving average of one write+fdatasync; see INLINE_SYNC_MAX.
@@ -142,7 +143,9 @@ class LogWriter:
     def append(self, data: bytes) -> None:
         """Queue one encoded record for the next group commit."""
         if self._closing:
-            raise self._killed or RuntimeError("the WAL writer is closed")
+            if self._killed is not None:
+                raise type(self._killed)(str(self._killed))
+            raise RuntimeError("the WAL writer is closed")
         self._pending.append(data)
         if not self._wake.is_set():
             self._wake.set()
@@ -175,35 +178,53 @@ class LogWriter:
     # -------------------------------------------------------------- writer
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: open a fresh segment, then commit batches until closed."""
+        """The writer task: open a fresh segment, then commit batches until closed.
+
+        It shields itself: an outer cancel (a ``move_on_after`` around the
+        queue, a failing sibling task) must not stop it while the session
+        still has records to commit (the releases of shutdown). It ends only
+        through :meth:`close` (after committing what is pending) or
+        :meth:`kill`. Whichever way it ends, later appends raise and waiters
+        of records it never committed are told.
+        """
         self._inline = virtual_time()
-        await self._io(self._start_segment, self._segment + 1, b"")
-        task_status.started()
-        try:
-            while True:
-                if self._checkpoint_wanted is not None:
-                    await self._checkpoint_on_request()
-                    continue
-                if not self._pending:
-                    if self._closing:
-                        return
-                    self._wake = trio.Event()
-                    if self._dirty and self.fsync == "interval":
-                        with trio.move_on_after(SYNC_INTERVAL):
-                            await self._wake.wait()
-                        if not self._pending:
-                            await self._sync_now()
-                            continue
-                    else:
+        with trio.CancelScope(shield=True) as self._scope:
+            try:
+                await self._io(self._start_segment, self._segment + 1, b"")
+                task_status.started()
+                await self._loop()
+            finally:
+                self._closing = True
+                stopped = self._killed or RuntimeError("the WAL writer stopped before these records were committed")
+                self._pending = []
+                for batch in (self._batch, self._inflight, self._checkpoint_wanted):
+                    if batch is not None:
+                        self._abandon(batch, stopped)
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
+
+    async def _loop(self) -> None:
+        while True:
+            if self._checkpoint_wanted is not None:
+                await self._checkpoint_on_request()
+                continue
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wake = trio.Event()
+                if self._dirty and self.fsync == "interval":
+                    with trio.move_on_after(SYNC_INTERVAL):
                         await self._wake.wait()
-                    continue
-                await self._commit_pending()
-                if self._segment_bytes >= self.segment_size:
-                    await self._roll()
-        finally:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+                    if not self._pending:
+                        await self._sync_now()
+                        continue
+                else:
+                    await self._wake.wait()
+                continue
+            await self._commit_pending()
+            if self._segment_bytes >= self.segment_size:
+                await self._roll()
 
     async def request_checkpoint(self) -> None:
         """Have the writer task write a checkpoint; returns once it is durable.
@@ -211,6 +232,8 @@ class LogWriter:
         Only the writer task touches the files, so the checkpoint runs there,
         between two group commits.
         """
+        if self._closing:
+            raise RuntimeError("the WAL writer is closed; no checkpoint can be taken")
         if self._checkpoint_wanted is None:
             self._checkpoint_wanted = _Batch()
         wanted = self._checkpoint_wanted
@@ -243,16 +266,19 @@ class LogWriter:
     def kill(self, exc: BaseException) -> None:
         """Die at once (a simulated crash): drop every pending record, write nothing more.
 
-        Callers waiting for a commit that will never happen get ``exc``. The
-        session then cancels the writer task and calls :meth:`drop_unsynced`.
+        The writer task is cancelled where it stands (I/O already handed to a
+        thread finishes first); callers waiting for a commit that will never
+        happen get ``exc``. The session then calls :meth:`drop_unsynced`.
         """
         self._killed = exc
         self._closing = True
         self._pending = []
         for batch in (self._batch, self._inflight, self._checkpoint_wanted):
-            if batch is not None and not batch.done.is_set():
-                batch.error = exc
-                batch.done.set()
+            if batch is not None:
+                self._abandon(batch, exc)
+        self._checkpoint_wanted = None
+        if self._scope is not None:
+            self._scope.cancel()
 
     def drop_unsynced(self) -> None:
         """Cut each segment this writer made back to its synced length (after :meth:`kill`).

@@ -126,12 +126,15 @@ class WALStore(TableStore):
                     await self._flush()
                     yield
                 finally:
+                    # The writer shields itself from outer cancels: it stops
+                    # only here, after committing the releases (or at once
+                    # when a simulated crash killed it).
                     if self._crashed is None:
                         with trio.CancelScope(shield=True):
-                            self._release_running()
-                            await writer.close()
-                    else:
-                        nursery.cancel_scope.cancel()  # dead: write nothing more
+                            try:
+                                self._release_running()
+                            finally:
+                                await writer.close()
         finally:
             if self._crashed is not None and writer is not None:
                 writer.drop_unsynced()
