@@ -432,3 +432,67 @@ async def test_a_claimed_job_waits_only_for_enqueues_already_in_flight() -> None
 
 async def _number_into(session: Any, job_id: str, into: list[int]) -> None:
     into.append(await session.number(job_id))
+
+
+async def test_interval_writer_syncs_nothing_after_the_crash(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    plan = FaultPlan().crash(after_records=3)
+    with pytest.raises(SimulatedCrash):
+        async with trioq.open_queue(
+            blocker, store=trioq.WALStore(tmp_path, fsync="interval"), workers=0, faults=plan
+        ) as queue:
+            await queue.enqueue("quick")  # record 1: the first commit syncs at once
+            await queue.enqueue("quick")  # record 2: written, not synced yet (< 5 ms later)
+            await queue.enqueue("quick")  # record 3: the crash
+    async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path), workers=0) as queue:
+        assert (await queue.store.counts())["ready"] == 1  # the unsynced second record is gone
+
+
+async def test_a_checkpoint_is_durable_even_with_fsync_never(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # A checkpoint deletes the segments it replaces: it must reach the disk
+    # first, or a crash right after it would lose jobs that were safe before.
+    async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path, fsync="never"), workers=0) as queue:
+        for _ in range(3):
+            await queue.enqueue("quick")
+    store = trioq.WALStore(tmp_path, fsync="never")
+    with pytest.raises(SimulatedCrash):
+        async with trioq.open_queue(blocker, store=store, workers=0, faults=FaultPlan().crash(after_records=1)) as q:
+            await store.checkpoint()
+            await q.enqueue("quick")
+    async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path), workers=0) as queue:
+        assert (await queue.store.counts())["ready"] == 3
+
+
+class GatewayError(Exception):
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def test_error_instances_that_copy_cannot_rebuild_are_raised_as_given(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plan = FaultPlan().fail("unbounded", error=GatewayError("502 from gateway", status=502))
+    async with trioq.open_queue(registry, faults=plan) as queue:
+        job = await queue.enqueue("unbounded", max_attempts=1)
+        done = await queue.wait(job.id)
+    assert done.error == "GatewayError: 502 from gateway"
+    assert plan.injected[0].error == "GatewayError: 502 from gateway"
+    with pytest.raises(ValueError, match="pass an instance"):
+        FaultPlan().fail("unbounded", error=GatewayError)
+
+
+def test_a_refused_rule_takes_no_number() -> None:
+    from trioq._faults import FaultSession
+
+    plan = FaultPlan(seed=9)
+    session = FaultSession(plan, registry=registry, heartbeat_timeout=None, store=trioq.MemoryStore(), on_crash=print)
+    with pytest.raises(trioq.UnknownTask):
+        plan.fail("nope")  # refused while attached to a queue
+    plan.fail("pay", prob=0.5)
+    session.close()
+    # Numbered as if the refused rule had never been asked for: the same draws.
+    assert plan.rules == FaultPlan(seed=9).fail("pay", prob=0.5).rules

@@ -13,6 +13,7 @@ queue's jobs, wraps each attempt, and arms a crash on the store.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
@@ -182,8 +183,14 @@ class FaultPlan:
         or class, or a message; by default an :class:`InjectedFailure`.
         Returns the plan, so calls chain.
         """
-        is_class = isinstance(error, type) and issubclass(error, Exception)
-        if error is not None and not isinstance(error, str | Exception) and not is_class:
+        if isinstance(error, type) and issubclass(error, Exception):
+            try:
+                error("probe")
+            except Exception as exc:
+                raise ValueError(
+                    f"error={error.__name__} cannot be built from a message ({exc}); pass an instance instead"
+                ) from None
+        elif error is not None and not isinstance(error, str | Exception):
             raise ValueError(f"error must be an Exception instance or subclass, or a message, got {error!r}")
         return self._add(Rule(0, "fail", _task(task), _times(times), _prob(prob), _when(when), error=error))
 
@@ -224,6 +231,8 @@ class FaultPlan:
         """
         if isinstance(after_records, bool) or not isinstance(after_records, int) or after_records < 1:
             raise ValueError(f"after_records must be an int >= 1, got {after_records!r}")
+        for session in self._sessions:
+            session.check_crash()  # all or none: refuse before arming any
         for session in self._sessions:
             session.arm_crash(after_records)
         self._crash_after = after_records
@@ -269,10 +278,10 @@ class FaultPlan:
         return f"<FaultPlan seed={self.seed} [{', '.join(parts)}]>"
 
     def _add(self, rule: Rule) -> FaultPlan:
-        self._numbered += 1
-        rule = attrs.evolve(rule, number=self._numbered)
+        rule = attrs.evolve(rule, number=self._numbered + 1)
         for session in self._sessions:
-            session.check(rule)
+            session.check(rule)  # a refused rule takes no number: later draws stay as they were
+        self._numbered += 1
         self._rules.append(rule)
         return self
 
@@ -291,9 +300,11 @@ def check_hang_allowed(tasks: Iterable[TaskDef], heartbeat_timeout: float | None
 class FaultSession:
     """A plan applied to one open queue (made by ``open_queue``; not public).
 
-    ``store`` must offer ``_arm_crash(after_records, on_crash)`` for a plan
-    with a crash. ``on_crash`` is called with the :class:`SimulatedCrash` the
-    moment the store dies.
+    ``store`` must offer ``_arm_crash(after_records, callback)`` for a plan
+    with a crash; the store calls ``callback(exc, record)`` the moment it
+    dies, and this session then calls ``on_crash(exc)`` (the queue's own
+    stop). The store is armed before its session opens, so a crash can strike
+    while it opens.
     """
 
     def __init__(
@@ -312,6 +323,8 @@ class FaultSession:
         self._on_crash = on_crash
         self._numbers: dict[str, int] = {}
         self._inflight: set[trio.Event] = set()
+        #: Set by ``open_queue`` once the store's session is open (its lock held).
+        self.opened = False
         for rule in plan.rules:
             self.check(rule)
         if plan.crash_after is not None:
@@ -327,15 +340,23 @@ class FaultSession:
         if rule.kind == "hang":
             check_hang_allowed(tasks, self._heartbeat_timeout)
 
-    def arm_crash(self, after_records: int | None) -> None:
-        arm = getattr(self._store, "_arm_crash", None)
-        if arm is None:
-            if after_records is None:
-                return
+    def check_crash(self) -> None:
+        """Refuse a crash this queue's store cannot simulate."""
+        if getattr(self._store, "_arm_crash", None) is None:
             raise ValueError(
                 f"FaultPlan.crash() needs a store with a log to recover from (trioq.WALStore); "
                 f"{type(self._store).__name__} has none"
             )
+
+    def arm_crash(self, after_records: int | None) -> None:
+        """Arm the store to die after ``after_records`` records (``None``: disarm, if armed by us)."""
+        arm = getattr(self._store, "_arm_crash", None)
+        if after_records is None:
+            if arm is not None and getattr(self._store, "_on_crash", None) == self._crashed:
+                arm(None, self._crashed)
+            return
+        self.check_crash()
+        assert arm is not None
         arm(after_records, self._crashed)
 
     def _crashed(self, exc: SimulatedCrash, record: int) -> None:
@@ -351,9 +372,8 @@ class FaultSession:
         """Detach from the plan (the queue closed); note how many records it wrote."""
         if self in self.plan._sessions:
             self.plan._sessions.remove(self)
-        arm = getattr(self._store, "_arm_crash", None)
-        if arm is not None:
-            arm(None, self._crashed)
+        self.arm_crash(None)
+        if self.opened and hasattr(self._store, "records_appended"):
             self.plan.records = self._store.records_appended
 
     # ---------------------------------------------------------- numbering
@@ -429,7 +449,11 @@ class FaultSession:
     def _error(self, rule: Rule) -> Exception:
         made = rule.error
         if isinstance(made, Exception):
-            return copy.copy(made).with_traceback(None)
+            # A fresh object per attempt, so tracebacks do not pile up; one
+            # built with arguments copy cannot replay is raised as given.
+            with contextlib.suppress(Exception):
+                made = copy.copy(made)
+            return made.with_traceback(None)
         if rule.when == "after":
             message = "injected failure after the handler returned: its result was not recorded"
         else:

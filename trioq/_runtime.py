@@ -398,6 +398,8 @@ async def open_queue(
         )
     try:
         async with queue.store.session(queue._config), trio.open_nursery() as nursery:
+            if queue._faults is not None:
+                queue._faults.opened = True
             queue._scope = nursery.cancel_scope
             await nursery.start(queue._pool.run)
             nursery.start_soon(queue._timer)

@@ -127,7 +127,7 @@ class Scan:
 
     ``data`` is the segment's bytes. Every record between the header and
     ``committed_end`` (the offset just past the last commit marker) is
-    checksummed and committed: :meth:`records` yields them. ``batches`` counts
+    checksummed and committed: :meth:`committed` yields them. ``batches`` counts
     the commit markers, ``records`` the other records before ``committed_end``,
     ``first_kind`` is the type of the first record (``None`` if none).
     ``damage_at`` is the offset of the first unreadable byte, if any; ``damage``

@@ -19,6 +19,7 @@ and delete.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -206,6 +207,8 @@ class LogWriter:
 
     async def _loop(self) -> None:
         while True:
+            if self._killed is not None:
+                return  # a simulated crash: not one more byte (inline I/O runs before any checkpoint)
             if self._checkpoint_wanted is not None:
                 await self._checkpoint_on_request()
                 continue
@@ -216,7 +219,7 @@ class LogWriter:
                 if self._dirty and self.fsync == "interval":
                     with trio.move_on_after(SYNC_INTERVAL):
                         await self._wake.wait()
-                    if not self._pending:
+                    if not self._pending and self._killed is None:
                         await self._sync_now()
                         continue
                 else:
@@ -298,6 +301,8 @@ class LogWriter:
                 os.truncate(path, synced)
 
     async def _commit_pending(self) -> None:
+        if self._killed is not None:
+            return
         frames, batch = self._pending, self._batch
         self._pending, self._batch = [], _Batch()
         self._inflight = batch
@@ -357,21 +362,31 @@ class LogWriter:
         await self._io(self._sync)
         self._last_sync = trio.current_time()
 
-    async def _io(self, fn: Callable[..., None], *args: object) -> None:
-        """Blocking file work: in a thread when syncing, inline otherwise."""
-        if self.fsync == "never" or self._inline:
-            fn(*args)
+    async def _io(self, fn: Callable[..., None], *args: object, durable: bool = False) -> None:
+        """Blocking file work: in a thread when syncing, inline otherwise (never once killed)."""
+        if self._killed is not None:
+            raise RuntimeError("the WAL writer was killed (a simulated crash): it writes nothing more")
+        call = functools.partial(fn, *args, durable=True) if durable else functools.partial(fn, *args)
+        if (self.fsync == "never" and not durable) or self._inline:
+            call()
         else:
-            await trio.to_thread.run_sync(fn, *args)
+            await trio.to_thread.run_sync(call)
 
-    def _start_segment(self, number: int, body: bytes) -> None:
-        """Create segment ``number`` holding ``body`` after its header, durably, and switch to it."""
+    def _start_segment(self, number: int, body: bytes, *, durable: bool = False) -> None:
+        """Create segment ``number`` holding ``body`` after its header and switch to it.
+
+        Synced (file and directory) unless ``fsync="never"``; always when
+        ``durable``: a checkpoint deletes the segments it replaces, so it must
+        be on disk first in every mode, or a machine crash could lose jobs
+        that were safe before it.
+        """
         path = os.path.join(self.directory, segment_name(number))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         data = header(number) + body
+        synced = durable or self.fsync != "never"
         try:
             _write_all(fd, data)
-            if self.fsync != "never":
+            if synced:
                 os.fdatasync(fd)
                 fsync_dir(self.directory)
         except BaseException:
@@ -383,7 +398,7 @@ class LogWriter:
             os.close(self._fd)
         self._fd = fd
         self._dirty = False
-        self._synced[number] = len(data) if self.fsync != "never" else 0
+        self._synced[number] = len(data) if synced else 0
         self._segment = number
         self._segment_bytes = len(data)
         self._segments[number] = (path, len(data))
@@ -418,7 +433,7 @@ class LogWriter:
         frames.append(commit_frame(self._batch_no))
         body = b"".join(frames)
         try:
-            await self._io(self._start_segment, self._segment + 1, body)
+            await self._io(self._start_segment, self._segment + 1, body, durable=True)
             await self._io(self._delete_before, self._segment)
         except BaseException as exc:
             self._abandon(batch, exc)

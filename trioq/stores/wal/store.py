@@ -147,13 +147,16 @@ class WALStore(TableStore):
         assert writer is not None
         writer.append(frame(kind, fields))
         self.records_appended += 1
-        if self._drops:
-            for job_id in self._drops:
-                writer.append(frame(DROP, (job_id,)))
-            self.records_appended += len(self._drops)
-            self._drops.clear()
         if self._crash_at is not None and self.records_appended >= self._crash_at:
             self._crash()
+        if self._drops:
+            drops = self._drops[:]  # the table appends to this very list
+            self._drops.clear()
+            for job_id in drops:
+                writer.append(frame(DROP, (job_id,)))
+                self.records_appended += 1
+                if self._crash_at is not None and self.records_appended >= self._crash_at:
+                    self._crash()
 
     def _arm_crash(self, after_records: int | None, on_crash: Callable[[SimulatedCrash, int], None]) -> None:
         """Die like ``kill -9`` once ``after_records`` records were appended (``None`` disarms).
