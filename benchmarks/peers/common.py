@@ -35,6 +35,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 perf_counter = time.perf_counter
@@ -122,6 +123,28 @@ def latency_figures(latencies: list[float]) -> dict[str, float]:
         return {"p50_ms": float("nan"), "p99_ms": float("nan")}
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     return {"p50_ms": round(statistics.median(ordered) * 1000, 3), "p99_ms": round(p99 * 1000, 3)}
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` every millisecond (asyncio adapters; the Tracker is thread-based)."""
+    import asyncio
+
+    while not predicate():  # noqa: ASYNC110 (TRACKER holds a threading.Event)
+        await asyncio.sleep(0.001)
+
+
+async def clear_redis(patterns: tuple[str, ...]) -> None:
+    """Delete the keys matching ``patterns`` (not FLUSHDB: adapters may share the Redis database)."""
+    import redis.asyncio as aioredis  # only in the peers' venv
+
+    client = aioredis.from_url(REDIS_URL)
+    try:
+        for pattern in patterns:
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+            for first in range(0, len(keys), 1000):
+                await client.delete(*keys[first : first + 1000])
+    finally:
+        await client.aclose()
 
 
 def log(message: str) -> None:

@@ -32,13 +32,11 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common
 
-import redis.asyncio as aioredis
 from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
 from arq.worker import Worker
@@ -48,6 +46,7 @@ from common import (
     SLEEP,
     TIMEOUT,
     TRACKER,
+    clear_redis,
     latency_figures,
     log,
     noop_figures,
@@ -55,6 +54,7 @@ from common import (
     perf_counter,
     result,
     sleep_figures,
+    wait_until,
 )
 
 #: Concurrent ``enqueue_job`` calls per ``asyncio.gather`` (arq has no bulk enqueue).
@@ -77,23 +77,6 @@ async def sleepy(ctx: dict[str, Any]) -> None:
 
 async def stamp(ctx: dict[str, Any], t: float) -> None:
     TRACKER.hit(t)
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    while not predicate():  # noqa: ASYNC110 (TRACKER holds a threading.Event)
-        await asyncio.sleep(0.001)
-
-
-async def clear() -> None:
-    """Delete this library's keys (not FLUSHDB: other adapters may share the Redis database)."""
-    client = aioredis.from_url(REDIS_URL)
-    try:
-        for pattern in KEYS:
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            for first in range(0, len(keys), 1000):
-                await client.delete(*keys[first : first + 1000])
-    finally:
-        await client.aclose()
 
 
 def start_worker(args: argparse.Namespace) -> tuple[Worker, asyncio.Task[None]]:
@@ -140,7 +123,7 @@ async def fill_then_drain(args: argparse.Namespace, pool: ArqRedis, function: st
 async def main() -> None:
     args = parse_args("arq", tuple(VARIANTS))
     async with asyncio.timeout(TIMEOUT):
-        await clear()
+        await clear_redis(KEYS)
         pool = await create_pool(SETTINGS)
         try:
             if args.workload == "noop":

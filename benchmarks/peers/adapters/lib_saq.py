@@ -27,19 +27,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common
 
-import redis.asyncio as aioredis
 from common import (
     LATENCY_GAP,
     REDIS_URL,
     SLEEP,
     TIMEOUT,
     TRACKER,
+    clear_redis,
     latency_figures,
     log,
     noop_figures,
@@ -47,6 +46,7 @@ from common import (
     perf_counter,
     result,
     sleep_figures,
+    wait_until,
 )
 from saq import Queue, Worker
 
@@ -67,23 +67,6 @@ async def sleepy(ctx: dict[str, Any]) -> None:
 
 async def stamp(ctx: dict[str, Any], *, t: float) -> None:
     TRACKER.hit(t)
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    while not predicate():  # noqa: ASYNC110 (TRACKER holds a threading.Event)
-        await asyncio.sleep(0.001)
-
-
-async def clear() -> None:
-    """Delete this library's keys (not FLUSHDB: other adapters may share the Redis database)."""
-    client = aioredis.from_url(REDIS_URL)
-    try:
-        for pattern in KEYS:
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            for first in range(0, len(keys), 1000):
-                await client.delete(*keys[first : first + 1000])
-    finally:
-        await client.aclose()
 
 
 def start_worker(args: argparse.Namespace, queue: Queue) -> tuple[Worker, asyncio.Task[None]]:
@@ -118,7 +101,7 @@ async def fill_then_drain(args: argparse.Namespace, queue: Queue, function: str)
 async def main() -> None:
     args = parse_args("saq", ("default",))
     async with asyncio.timeout(TIMEOUT):
-        await clear()
+        await clear_redis(KEYS)
         queue = Queue.from_url(REDIS_URL)
         await queue.connect()
         try:

@@ -37,13 +37,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common
 
-import redis.asyncio as aioredis
 import taskiq.compat
 from common import (
     LATENCY_GAP,
@@ -51,12 +49,14 @@ from common import (
     SLEEP,
     TIMEOUT,
     TRACKER,
+    clear_redis,
     latency_figures,
     noop_figures,
     parse_args,
     perf_counter,
     result,
     sleep_figures,
+    wait_until,
 )
 from taskiq import AsyncTaskiqDecoratedTask
 from taskiq.receiver import Receiver
@@ -89,23 +89,6 @@ async def sleepy() -> None:
 @broker.task
 async def stamp(t: float) -> None:
     TRACKER.hit(t)
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    while not predicate():  # noqa: ASYNC110 (TRACKER holds a threading.Event)
-        await asyncio.sleep(0.001)
-
-
-async def clear() -> None:
-    """Delete this library's keys (not FLUSHDB: other adapters may share the Redis database)."""
-    client = aioredis.from_url(REDIS_URL)
-    try:
-        for pattern in KEYS:
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            for first in range(0, len(keys), 1000):
-                await client.delete(*keys[first : first + 1000])
-    finally:
-        await client.aclose()
 
 
 class RunningWorker:
@@ -147,7 +130,7 @@ async def fill_then_drain(args: argparse.Namespace, task: AsyncTaskiqDecoratedTa
 async def main() -> None:
     args = parse_args("taskiq", ("default",))
     async with asyncio.timeout(TIMEOUT):
-        await clear()
+        await clear_redis(KEYS)
         await broker.startup()
         try:
             if args.workload == "noop":
