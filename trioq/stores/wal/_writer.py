@@ -196,7 +196,12 @@ class LogWriter:
                 await self._loop()
             finally:
                 self._closing = True
-                stopped = self._killed or RuntimeError("the WAL writer stopped before these records were committed")
+                killed = self._killed
+                stopped = (
+                    type(killed)(str(killed))
+                    if killed is not None
+                    else RuntimeError("the WAL writer stopped before these records were committed")
+                )
                 self._pending = []
                 for batch in (self._batch, self._inflight, self._checkpoint_wanted):
                     if batch is not None:
@@ -278,7 +283,9 @@ class LogWriter:
         self._pending = []
         for batch in (self._batch, self._inflight, self._checkpoint_wanted):
             if batch is not None:
-                self._abandon(batch, exc)
+                # A copy: the original is the one open_queue raises, and
+                # should carry only the traceback of where the crash struck.
+                self._abandon(batch, type(exc)(str(exc)))
         self._checkpoint_wanted = None
         if self._scope is not None:
             self._scope.cancel()
