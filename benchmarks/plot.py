@@ -52,6 +52,14 @@ def load(results: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def save(plt: Any, fig: Any, path: Path, dpi: int = 120) -> Path:
+    """Lay out ``fig``, write it to ``path`` as a PNG, close it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def plot_throughput(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
     rows = sorted(
         (r for r in data.get("seed_orchd", []) if r.get("section") == "throughput"), key=lambda r: r["workers"]
@@ -116,11 +124,7 @@ def plot_throughput(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) 
     ax.set_title("orchd experiment A: sim jobs of 20 ms, throughput vs workers")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    path = out / "seed_orchd_throughput.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out / "seed_orchd_throughput.png")
 
 
 def plot_reliability(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
@@ -156,11 +160,7 @@ def plot_reliability(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle("orchd experiments B and C over HTTP (trioq serve, WAL fsync always)", fontsize=11)
-    fig.tight_layout()
-    path = out / "seed_orchd_reliability.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out / "seed_orchd_reliability.png")
 
 
 def plot_peers(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
@@ -196,11 +196,7 @@ def plot_peers(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Pa
             )
         ax.set_title(title, fontsize=10)
     fig.suptitle("trioq (blue, embedded) beside networked peers (grey), same machine, same run", fontsize=11)
-    fig.tight_layout()
-    path = out / "peers.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out / "peers.png", dpi=110)
 
 
 def plot_cpu(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
@@ -221,11 +217,7 @@ def plot_cpu(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path
     ax.set_ylabel("jobs/s (chained SHA-256)")
     ax.legend(fontsize=8)
     ax.set_title("CPU-bound jobs on process handlers", fontsize=10)
-    fig.tight_layout()
-    path = out / "cpu.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out / "cpu.png")
 
 
 def plot_scale(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
@@ -255,11 +247,7 @@ def plot_scale(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Pa
     axes[0].set_ylabel("per second")
     axes[1].set_ylabel("bytes per job")
     fig.suptitle("How trioq's costs grow with the number of jobs", fontsize=11)
-    fig.tight_layout()
-    path = out / "scale.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out / "scale.png")
 
 
 def main() -> int:

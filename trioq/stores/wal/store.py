@@ -143,20 +143,21 @@ class WALStore(TableStore):
             lock.release()
 
     def _record(self, kind: int, fields: tuple[Any, ...]) -> None:
-        writer = self._writer
-        assert writer is not None
-        writer.append(frame(kind, fields))
-        self.records_appended += 1
-        if self._crash_at is not None and self.records_appended >= self._crash_at:
-            self._crash()
+        self._append(frame(kind, fields))
         if self._drops:
             drops = self._drops[:]  # the table appends to this very list
             self._drops.clear()
             for job_id in drops:
-                writer.append(frame(DROP, (job_id,)))
-                self.records_appended += 1
-                if self._crash_at is not None and self.records_appended >= self._crash_at:
-                    self._crash()
+                self._append(frame(DROP, (job_id,)))
+
+    def _append(self, data: bytes) -> None:
+        """Hand one record to the writer and count it; the armed crash strikes at its record."""
+        writer = self._writer
+        assert writer is not None
+        writer.append(data)
+        self.records_appended += 1
+        if self._crash_at is not None and self.records_appended >= self._crash_at:
+            self._crash()
 
     def _arm_crash(self, after_records: int | None, on_crash: Callable[[SimulatedCrash, int], None]) -> None:
         """Die like ``kill -9`` once ``after_records`` records were appended (``None`` disarms).
