@@ -20,38 +20,15 @@ a transition from the wrong state raises :class:`~trioq.InvalidJob`.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
-from typing import Any, Final
+from typing import Any
 
-import attrs
 import msgspec
 
 from ._model import InvalidJob, Job, JobNotFound, JobState
-from ._ready import ReadyQueue
+from ._ready import Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable"]
-
-# A job that has never been claimed (ready or scheduled, attempts 0) is kept
-# "cold": a plain tuple of atomic values instead of an Entry. CPython's cyclic
-# GC stops tracking such tuples at its first pass, so a backlog of a million
-# waiting jobs costs the collector nothing; tracked Entry objects made every
-# full collection rescan the whole backlog (35 of them while enqueueing 1M).
-# A cold job becomes an Entry ("warms") the first time anything but its
-# enqueue, promotion or a snapshot touches it. The payload is kept as msgpack
-# bytes (a dict inside a tuple keeps the tuple tracked). Layout:
-_C_ID: Final = 0
-_C_TASK: Final = 1
-_C_PAYLOAD: Final = 2
-_C_STATE: Final = 3
-_C_PRIORITY: Final = 4
-_C_KEY: Final = 5
-_C_MAX: Final = 6
-_C_RUN_AT: Final = 7
-_C_CREATED: Final = 8
-_C_SEQ: Final = 9
-_C_SLOT: Final = 10
-Cold = tuple[str, str, bytes, str, int, "str | None", int, float, float, int, tuple[float, int, str]]
 
 _READY = JobState.READY
 _SCHEDULED = JobState.SCHEDULED
@@ -61,17 +38,24 @@ _DEAD = JobState.DEAD
 _CANCELLED = JobState.CANCELLED
 
 
-@attrs.define(slots=True, eq=False)
-class Entry:
+class Entry(msgspec.Struct, gc=False, eq=False):
     """The table's mutable record of one job. Never handed out: see :meth:`snapshot`.
 
     ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is the heap
-    item that currently stands for this job in the ready or scheduled heap, or
-    ``None``; a heap item whose entry no longer points back at it is stale and
-    is skipped when it surfaces (lazy deletion keeps cancel O(1)). Heap items
-    name the job by id rather than holding the entry: a tuple of plain values
-    is not tracked by Python's cyclic GC, which otherwise spends a growing
-    share of enqueue time rescanning a large backlog.
+    item ``(run_at, seq, entry)`` that currently stands for this job in the ready
+    or scheduled queue, or ``None``; an item whose entry no longer points back at
+    it is stale and is skipped when it surfaces (lazy deletion keeps cancel O(1)).
+    Items hold the entry itself, so claiming needs no lookup by id. A terminal
+    entry's ``slot`` is its item ``(finished_at, entry)`` in the retention queue,
+    by the same rule.
+
+    Entries are invisible to CPython's cyclic GC (``gc=False``), and so is the
+    table's id -> entry dict, which holds nothing else: otherwise every
+    collection of the oldest generation rescans every job a store holds, and
+    enqueueing a million jobs spent a third of its time in the collector. It
+    is safe because an entry cannot be part of a reference cycle: nothing but
+    the table refers to it (callers get :class:`~trioq.Job` snapshots), so
+    nothing its ``result`` refers to can refer back.
     """
 
     id: str
@@ -94,12 +78,16 @@ class Entry:
     error: str | None = None
     slot: tuple[Any, ...] | None = None
 
-    def snapshot(self) -> Job:
-        """An immutable :class:`~trioq.Job` copy of this entry as it is now."""
+    def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
+        """An immutable :class:`~trioq.Job` copy of this entry as it is now.
+
+        ``payload`` is a fresh copy of the payload the caller already has (an
+        enqueue); without it the packed payload is decoded anew.
+        """
         return Job(
             self.id,
             self.task,
-            _unpack(self.packed_payload),
+            _unpack(self.packed_payload) if payload is None else payload,
             self.state,
             self.attempts,
             self.epoch,
@@ -131,15 +119,18 @@ class JobTable:
             raise ValueError(f"max_retained must be >= 0, got {max_retained!r}")
         self.retention = retention
         self.max_retained = max_retained
-        self._jobs: dict[str, Entry | Cold] = {}
+        self._jobs: dict[str, Entry] = {}
         self._keys: dict[str, str] = {}  # idempotency key -> job id
-        # Items are (run_at, seq, id) in both; see Entry.slot.
+        # Items are (run_at, seq, entry) in both; see Entry.slot.
         self._ready = ReadyQueue()
-        self._scheduled: list[tuple[float, int, str]] = []
-        # Terminal jobs in the order they finished (dicts keep insertion order).
-        # An OrderedDict, not a dict: popping the oldest of a dict that has
-        # been deleted from at the front rescans the dead slots (O(n) each).
-        self._terminal: OrderedDict[str, Entry] = OrderedDict()
+        self._scheduled: list[tuple[float, int, Entry]] = []
+        # Terminal jobs in the order they finished, as (finished_at, entry)
+        # items with lazy deletion like the ready queue (a retried or dropped
+        # job's item goes stale); _retained counts the current ones. Evicting
+        # the oldest is a pop from the front: no hash lookups into a large
+        # table whose old entries have long left the CPU caches.
+        self._terminal: Fifo[tuple[float, Entry]] = Fifo()
+        self._retained = 0
         self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self._next_seq = 0
         #: Called with the id of each job dropped by the ``max_retained`` bound
@@ -155,23 +146,18 @@ class JobTable:
         return job_id in self._jobs
 
     def entries(self) -> Iterator[Entry]:
-        """Every entry, in no promised order (warms every cold job: for checks, not hot paths)."""
-        return iter([self.entry(job_id) for job_id in list(self._jobs)])
+        """Every entry, in no promised order (a copy: the table may change meanwhile)."""
+        return iter(list(self._jobs.values()))
 
     def entry(self, job_id: str) -> Entry:
         """The live entry for ``job_id``; raises :class:`~trioq.JobNotFound`."""
         found = self._jobs.get(job_id)
         if found is None:
             raise JobNotFound(f"no job with id {job_id!r} (never enqueued, or evicted after retention)")
-        if isinstance(found, tuple):
-            return self._warm(found)
         return found
 
     def get(self, job_id: str) -> Job:
         """A snapshot of ``job_id``; raises :class:`~trioq.JobNotFound`."""
-        found = self._jobs.get(job_id)
-        if isinstance(found, tuple):
-            return _cold_snapshot(found)
         return self.entry(job_id).snapshot()
 
     def by_key(self, key: str) -> Entry | None:
@@ -206,7 +192,7 @@ class JobTable:
         heap = self._scheduled
         while heap:
             item = heap[0]
-            if self._slot_of(item[2]) is item:
+            if item[2].slot is item:
                 return item[0]
             heapq.heappop(heap)
         return None
@@ -216,8 +202,9 @@ class JobTable:
         self.promote(now)
         ready = self._ready
         while (item := ready.first()) is not None:
-            if self._slot_of(item[2]) is item:
-                return self.entry(item[2])
+            entry: Entry = item[2]
+            if entry.slot is item:
+                return entry
             ready.pop()
         return None
 
@@ -243,7 +230,7 @@ class JobTable:
         existing = self.add_packed(job_id, task, _pack(payload), priority, key, max_attempts, run_at, now)
         if existing is not None:
             return self.get(existing), False
-        return _cold_snapshot(self._jobs[job_id], payload), True  # type: ignore[arg-type]
+        return self._jobs[job_id].snapshot(payload), True
 
     def add_packed(
         self,
@@ -271,10 +258,10 @@ class JobTable:
         seq = self._next_seq
         self._next_seq = seq + 1
         state = _SCHEDULED if run_at > now else _READY
-        self._insert_cold(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq)
+        self._insert(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq)
         return None
 
-    def _insert_cold(
+    def _insert(
         self,
         job_id: str,
         task: str,
@@ -287,17 +274,12 @@ class JobTable:
         created_at: float,
         seq: int,
     ) -> None:
-        """File a never-run ready or scheduled job in its cold form."""
-        item = (run_at, seq, job_id)
-        if state is _READY:
-            self._ready.push(priority, item)
-        else:
-            heapq.heappush(self._scheduled, item)
+        """File a never-run ready or scheduled job."""
         if payload == _EMPTY_MAP:
             payload = b""
-        self._jobs[job_id] = (
-            job_id, task, payload, state.value, priority, key, max_attempts, run_at, created_at, seq, item,
-        )  # fmt: skip
+        entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, created_at, seq)
+        self._jobs[job_id] = entry
+        self._push(entry)
         if key is not None:
             self._keys[key] = job_id
         self._counts[state] += 1
@@ -311,14 +293,9 @@ class JobTable:
         if scheduled and scheduled[0][0] <= now:
             self.promote(now)
         ready = self._ready
-        jobs = self._jobs
         while (item := ready.pop()) is not None:
-            entry = jobs.get(item[2])
-            if isinstance(entry, tuple):
-                if entry[_C_SLOT] is not item:
-                    continue
-                entry = self._warm(entry)
-            if entry is not None and entry.slot is item:
+            entry: Entry = item[2]
+            if entry.slot is item:
                 counts = self._counts
                 counts[_READY] -= 1
                 counts[_RUNNING] += 1
@@ -414,7 +391,7 @@ class JobTable:
                 f"job {job_id!r} is {entry.state.value}; only dead or cancelled jobs can be retried",
                 field="state",
             )
-        del self._terminal[job_id]
+        self._retained -= 1  # its retention item goes stale: _push replaces the slot
         entry.attempts = 0
         entry.finished_at = None
         entry.result = None
@@ -427,25 +404,13 @@ class JobTable:
         """Move scheduled jobs whose ``run_at`` has come to ``ready``; returns how many."""
         heap = self._scheduled
         promoted = 0
-        jobs = self._jobs
-        counts = self._counts
         while heap and heap[0][0] <= now:
             item = heapq.heappop(heap)
-            found = jobs.get(item[2])
-            if isinstance(found, tuple):
-                if found[_C_SLOT] is not item:
-                    continue
-                # Stays cold: a fresh tuple, now ready, with a ready-queue item.
-                ready_item = (found[_C_RUN_AT], found[_C_SEQ], found[_C_ID])
-                jobs[found[_C_ID]] = (*found[:_C_STATE], _READY.value, *found[_C_PRIORITY:_C_SLOT], ready_item)
-                counts[_SCHEDULED] -= 1
-                counts[_READY] += 1
-                self._ready.push(found[_C_PRIORITY], ready_item)
-            elif found is None or found.slot is not item:
+            found = item[2]
+            if found.slot is not item:
                 continue
-            else:
-                self._move(found, _READY)
-                self._push(found)
+            self._move(found, _READY)
+            self._push(found)
             promoted += 1
         return promoted
 
@@ -455,18 +420,13 @@ class JobTable:
         Returns the evicted ids (oldest finished first). Their idempotency keys
         are freed with them.
         """
-        terminal = self._terminal
         cutoff = now - self.retention
-        excess = len(terminal) - self.max_retained
         evicted: list[str] = []
-        for job_id, entry in terminal.items():
-            finished = entry.finished_at
-            if excess <= 0 and finished is not None and finished > cutoff:
+        while (oldest := self._oldest()) is not None:
+            if self._retained <= self.max_retained and oldest.finished_at is not None and oldest.finished_at > cutoff:
                 break
-            evicted.append(job_id)
-            excess -= 1
-        for job_id in evicted:
-            self.drop(job_id)
+            evicted.append(oldest.id)
+            self._evict_oldest(oldest)
         return evicted
 
     def drop(self, job_id: str) -> None:
@@ -474,11 +434,33 @@ class JobTable:
         entry = self.entry(job_id)
         if not entry.state.terminal:
             raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only terminal jobs can be evicted", field="state")
+        entry.slot = None  # its retention item goes stale
+        self._forget(entry)
+
+    def _oldest(self) -> Entry | None:
+        """The terminal job that finished first (stale items in front are dropped)."""
+        terminal = self._terminal
+        while (item := terminal.first()) is not None:
+            if item[1].slot is item:
+                return item[1]
+            terminal.popleft()
+        return None
+
+    def _evict_oldest(self, oldest: Entry) -> None:
+        """Forget the entry :meth:`_oldest` just returned."""
+        self._terminal.popleft()
+        oldest.slot = None
+        self._forget(oldest)
+
+    def _forget(self, entry: Entry) -> None:
+        """Remove a terminal entry whose retention item is spent or stale."""
+        self._retained -= 1
+        job_id = entry.id
         del self._jobs[job_id]
-        del self._terminal[job_id]
         self._counts[entry.state] -= 1
-        if entry.key is not None and self._keys.get(entry.key) == job_id:
-            del self._keys[entry.key]
+        key = entry.key
+        if key is not None and self._keys.get(key) == job_id:
+            del self._keys[key]
 
     # -------------------------------------------------------------- recovery
 
@@ -488,7 +470,8 @@ class JobTable:
         self._keys.clear()
         self._ready = ReadyQueue()
         self._scheduled.clear()
-        self._terminal.clear()
+        self._terminal = Fifo()
+        self._retained = 0
         self._counts = dict.fromkeys(JobState, 0)
         self._next_seq = 0
 
@@ -496,17 +479,10 @@ class JobTable:
         """Every job as the fields of :meth:`restore`, in an order it can rebuild from.
 
         Non-terminal jobs first, then terminal ones in the order they finished
-        (so the retention order survives a checkpoint). Cold jobs stay cold.
+        (so the retention order survives a checkpoint).
         """
-        rows: list[tuple[Any, ...]] = []
-        for found in self._jobs.values():
-            if isinstance(found, tuple):
-                rows.append(
-                    (*found[:_C_PAYLOAD], _unpack(found[_C_PAYLOAD]), *found[_C_STATE:_C_SLOT], 0, 0, None, None, None)
-                )
-            elif not found.state.terminal:
-                rows.append(_row(found))
-        rows.extend(_row(e) for e in self._terminal.values())
+        rows = [_row(e) for e in self._jobs.values() if not e.state.terminal]
+        rows.extend(_row(item[1]) for item in self._terminal if item[1].slot is item)
         return rows
 
     def restore(
@@ -532,11 +508,7 @@ class JobTable:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
         self._next_seq = max(self._next_seq, seq + 1)
-        packed = _pack(payload)
-        if (job_state is _READY or job_state is _SCHEDULED) and attempts == 0 and epoch == 0 and error is None:
-            self._insert_cold(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
-            return
-        entry = Entry(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
+        entry = Entry(job_id, task, _pack(payload), job_state, priority, key, max_attempts, run_at, created_at, seq)
         entry.attempts = attempts
         entry.epoch = epoch
         entry.finished_at = finished_at
@@ -547,7 +519,7 @@ class JobTable:
             self._keys[key] = job_id
         self._counts[job_state] += 1
         if job_state.terminal:
-            self._terminal[job_id] = entry
+            self._retain(entry)
         elif job_state is not _RUNNING:
             self._push(entry)
 
@@ -555,52 +527,23 @@ class JobTable:
         """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first (a scan: for checks)."""
         wanted = frozenset(states)
         found: list[tuple[int, Job]] = []
-        for item in self._jobs.values():
-            if isinstance(item, tuple):
-                if _STATES[item[_C_STATE]] in wanted:
-                    found.append((item[_C_SEQ], _cold_snapshot(item)))
-            elif item.state in wanted:
-                found.append((item.seq, item.snapshot()))
+        for entry in self._jobs.values():
+            if entry.state in wanted:
+                found.append((entry.seq, entry.snapshot()))
         found.sort(key=lambda pair: pair[0])
         return [job for _, job in found[:limit]]
 
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
-        return [e for e in self._jobs.values() if isinstance(e, Entry) and e.state is _RUNNING]
+        return [e for e in self._jobs.values() if e.state is _RUNNING]
 
     # ---------------------------------------------------------------- helpers
-
-    def _slot_of(self, job_id: str) -> tuple[Any, ...] | None:
-        found = self._jobs.get(job_id)
-        if found is None:
-            return None
-        if isinstance(found, tuple):
-            return found[_C_SLOT]
-        return found.slot
-
-    def _warm(self, cold: Cold) -> Entry:
-        """Turn a cold job into an Entry (kept from now on)."""
-        entry = Entry(
-            cold[_C_ID],
-            cold[_C_TASK],
-            cold[_C_PAYLOAD],
-            _STATES[cold[_C_STATE]],
-            cold[_C_PRIORITY],
-            cold[_C_KEY],
-            cold[_C_MAX],
-            cold[_C_RUN_AT],
-            cold[_C_CREATED],
-            cold[_C_SEQ],
-        )
-        entry.slot = cold[_C_SLOT]
-        self._jobs[entry.id] = entry
-        return entry
 
     def _running(self, job_id: str, epoch: int) -> Entry | None:
         # An unknown id is stale too: the job may have been cancelled and
         # evicted while the attempt that names it was still running.
         entry = self._jobs.get(job_id)
-        if not isinstance(entry, Entry) or entry.state is not _RUNNING or entry.epoch != epoch:
+        if entry is None or entry.state is not _RUNNING or entry.epoch != epoch:
             return None
         return entry
 
@@ -613,60 +556,47 @@ class JobTable:
     def _finish(self, entry: Entry, state: JobState, now: float) -> None:
         self._move(entry, state)
         entry.finished_at = now
-        terminal = self._terminal
-        terminal[entry.id] = entry
+        self._retain(entry)
         # The count bound holds at every moment, not just after evict(); being
         # part of the transition, replay reproduces it without a record.
-        while len(terminal) > self.max_retained:
-            oldest = next(iter(terminal))  # O(1) on an OrderedDict
-            self.drop(oldest)
+        while self._retained > self.max_retained:
+            oldest = self._oldest()
+            assert oldest is not None  # _retained counts the current items
+            self._evict_oldest(oldest)
             if self.on_overflow_drop is not None:
-                self.on_overflow_drop(oldest)
+                self.on_overflow_drop(oldest.id)
+
+    def _retain(self, entry: Entry) -> None:
+        assert entry.finished_at is not None
+        item = (entry.finished_at, entry)
+        entry.slot = item
+        self._terminal.append(item)
+        self._retained += 1
 
     def _push(self, entry: Entry) -> None:
         if entry.state is _READY:
-            ready = (entry.run_at, entry.seq, entry.id)
+            ready = (entry.run_at, entry.seq, entry)
             entry.slot = ready
             self._ready.push(entry.priority, ready)
         else:
-            scheduled = (entry.run_at, entry.seq, entry.id)
+            scheduled = (entry.run_at, entry.seq, entry)
             entry.slot = scheduled
             heapq.heappush(self._scheduled, scheduled)
 
 
-_STATES = {state.value: state for state in JobState}
 _encode = msgspec.msgpack.Encoder().encode
 _EMPTY_MAP = _encode({})
 _decode = msgspec.msgpack.Decoder().decode
 
 
 def _pack(payload: dict[str, Any]) -> bytes:
-    """A payload as bytes: a tuple holding a dict stays GC-tracked; one holding bytes does not."""
+    """A payload as bytes (an empty payload as ``b""``): snapshots decode their own copies."""
     return _encode(payload) if payload else b""
 
 
 def _unpack(blob: bytes) -> dict[str, Any]:
     """A fresh payload dict from :func:`_pack`'s bytes."""
     return _decode(blob) if blob else {}
-
-
-def _cold_snapshot(cold: Cold, payload: dict[str, Any] | None = None) -> Job:
-    return Job(
-        cold[_C_ID],
-        cold[_C_TASK],
-        _unpack(cold[_C_PAYLOAD]) if payload is None else payload,
-        _STATES[cold[_C_STATE]],
-        0,
-        0,
-        cold[_C_PRIORITY],
-        cold[_C_KEY],
-        cold[_C_MAX],
-        cold[_C_RUN_AT],
-        cold[_C_CREATED],
-        None,
-        None,
-        None,
-    )
 
 
 def _row(e: Entry) -> tuple[Any, ...]:
