@@ -131,6 +131,9 @@ class JobTable:
         # table whose old entries have long left the CPU caches.
         self._terminal: Fifo[tuple[float, Entry]] = Fifo()
         self._retained = 0
+        # The running jobs: completions look them up here, in a dict of about
+        # `workers` entries that stays in the CPU caches, not in the big one.
+        self._active: dict[str, Entry] = {}
         self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self._next_seq = 0
         #: Called with the id of each job dropped by the ``max_retained`` bound
@@ -302,6 +305,7 @@ class JobTable:
                 entry.state = _RUNNING
                 entry.slot = None
                 entry.epoch += 1
+                self._active[entry.id] = entry
                 return entry
         return None
 
@@ -472,6 +476,7 @@ class JobTable:
         self._scheduled.clear()
         self._terminal = Fifo()
         self._retained = 0
+        self._active.clear()
         self._counts = dict.fromkeys(JobState, 0)
         self._next_seq = 0
 
@@ -520,7 +525,9 @@ class JobTable:
         self._counts[job_state] += 1
         if job_state.terminal:
             self._retain(entry)
-        elif job_state is not _RUNNING:
+        elif job_state is _RUNNING:
+            self._active[job_id] = entry
+        else:
             self._push(entry)
 
     def jobs(self, states: Collection[JobState], limit: int) -> list[Job]:
@@ -535,15 +542,15 @@ class JobTable:
 
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
-        return [e for e in self._jobs.values() if e.state is _RUNNING]
+        return list(self._active.values())
 
     # ---------------------------------------------------------------- helpers
 
     def _running(self, job_id: str, epoch: int) -> Entry | None:
         # An unknown id is stale too: the job may have been cancelled and
         # evicted while the attempt that names it was still running.
-        entry = self._jobs.get(job_id)
-        if entry is None or entry.state is not _RUNNING or entry.epoch != epoch:
+        entry = self._active.get(job_id)
+        if entry is None or entry.epoch != epoch:
             return None
         return entry
 
@@ -551,6 +558,10 @@ class JobTable:
         counts = self._counts
         counts[entry.state] -= 1
         counts[state] += 1
+        if entry.state is _RUNNING:
+            del self._active[entry.id]
+        elif state is _RUNNING:
+            self._active[entry.id] = entry
         entry.state = state
 
     def _finish(self, entry: Entry, state: JobState, now: float) -> None:
@@ -559,10 +570,23 @@ class JobTable:
         self._retain(entry)
         # The count bound holds at every moment, not just after evict(); being
         # part of the transition, replay reproduces it without a record.
+        # Unrolled _oldest/_evict_oldest/_forget: past the bound this runs
+        # once per finished job, on entries long out of the CPU caches.
+        terminal = self._terminal
         while self._retained > self.max_retained:
-            oldest = self._oldest()
-            assert oldest is not None  # _retained counts the current items
-            self._evict_oldest(oldest)
+            pos = terminal.pos
+            if pos < len(terminal.head):
+                item = terminal.head[pos]
+            else:
+                first = terminal.first()
+                assert first is not None  # _retained counts the current items
+                item, pos = first, 0
+            terminal.pos = pos + 1
+            oldest = item[1]
+            if oldest.slot is not item:
+                continue  # stale: retried or dropped since
+            oldest.slot = None
+            self._forget(oldest)
             if self.on_overflow_drop is not None:
                 self.on_overflow_drop(oldest.id)
 
