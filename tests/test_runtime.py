@@ -520,3 +520,66 @@ async def test_snapshots_do_not_share_the_stored_payload(autojump_clock: trio.te
     assert seen == [{"n": 1, "tags": ["a"]}, {"n": 1, "tags": ["a"]}]
     assert final.payload == {"n": 1, "tags": ["a"]}
     assert again.payload == {"n": 1, "tags": ["a"]}
+
+
+# ------------------------------------------------------- trio's checkpoint rule
+
+
+def _checkpoint_store(kind: str, tmp_path: Any) -> trioq.Store:
+    return trioq.MemoryStore() if kind == "memory" else trioq.WALStore(tmp_path, fsync="never")
+
+
+@pytest.mark.parametrize("kind", ["memory", "wal"])
+async def test_a_loop_of_enqueues_lets_other_tasks_run(kind: str, tmp_path: Any) -> None:
+    """Every Queue method is a checkpoint, as trio's own are: a producer loop cannot starve the loop."""
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None:
+        pass
+
+    ticks = 0
+    producing = True
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while producing:
+            ticks += 1
+            await trio.sleep(0)
+
+    async with trioq.open_queue(registry, store=_checkpoint_store(kind, tmp_path), workers=0) as queue:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await trio.sleep(0)
+            before = ticks
+            for _ in range(50):
+                job = await queue.enqueue("noop")
+                await queue.get(job.id)
+            during = ticks - before
+            producing = False
+    assert during >= 90, f"the ticker ran {during} times during 50 enqueues and 50 gets"
+
+
+@pytest.mark.parametrize("kind", ["memory", "wal"])
+async def test_a_cancelled_caller_enqueues_nothing(kind: str, tmp_path: Any) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None:
+        pass
+
+    async with trioq.open_queue(registry, store=_checkpoint_store(kind, tmp_path), workers=0) as queue:
+        job = await queue.enqueue("noop")
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await queue.enqueue("noop")
+            pytest.fail("a cancelled enqueue returned")  # pragma: no cover
+        assert scope.cancelled_caught
+        for call in (lambda: queue.get(job.id), queue.stats, lambda: queue.cancel(job.id)):
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await call()
+            assert scope.cancelled_caught
+        stats = await queue.stats()
+        assert stats["totals"]["enqueued"] == 1
+        assert stats["jobs"]["ready"] == 1 and stats["jobs"]["cancelled"] == 0

@@ -124,8 +124,14 @@ class Queue:
         return (await self.enqueue_many([spec]))[0]
 
     async def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
-        """Add several jobs at once, all or nothing; returns their snapshots in order."""
+        """Add several jobs at once, all or nothing; returns their snapshots in order.
+
+        A checkpoint, as trio's own async functions are: a cancelled caller adds
+        nothing, and even when no store I/O waits, other tasks get to run (a
+        producer loop cannot starve the workers).
+        """
         self._check_open()
+        await trio.lowlevel.checkpoint_if_cancelled()
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
         faults = self._faults
@@ -177,6 +183,7 @@ class Queue:
 
     async def get(self, job_id: str) -> Job:
         """The job's current snapshot; raises :class:`~trioq.JobNotFound`."""
+        await trio.lowlevel.checkpoint()
         return await self.store.get(job_id)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
@@ -186,6 +193,7 @@ class Queue:
         ``TimeoutError`` (``trioq``'s ``WaitTimeout``) after ``timeout`` seconds.
         """
         deadline = math.inf if timeout is None else trio.current_time() + _number("timeout", timeout)
+        await trio.lowlevel.checkpoint()
         while True:
             # Take the event before reading the job: an outcome that lands
             # while the store call is in flight must still wake us.
@@ -211,6 +219,7 @@ class Queue:
         With ``workers=0`` and pending jobs this waits until another queue on the
         same store drains them.
         """
+        await trio.lowlevel.checkpoint()
         self._joiners += 1
         try:
             while True:
@@ -227,6 +236,7 @@ class Queue:
 
     async def stats(self) -> dict[str, Any]:
         """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers``."""
+        await trio.lowlevel.checkpoint()
         counts = await self.store.counts()
         return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats()}
 
@@ -256,6 +266,7 @@ class Queue:
 
         Cancelling a terminal job changes nothing and returns it as it is.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         outcome = await self.store.cancel(job_id)
         if outcome.running_epoch is not None:
             self._pool.cancel_attempt(job_id, outcome.running_epoch)
@@ -270,6 +281,7 @@ class Queue:
         Raises :class:`~trioq.InvalidJob` (field ``state``) for other states.
         """
         self._check_open()
+        await trio.lowlevel.checkpoint_if_cancelled()
         return await self.store.retry(job_id)
 
     # ------------------------------------------------------------- internals
