@@ -160,6 +160,73 @@ async def test_torn_tail_is_truncated_with_a_warning(
     assert [r for r in caplog.records if r.name == "trioq.wal"] == []
 
 
+async def test_always_pads_the_open_segment_with_zeros_and_trims_it_at_close(tmp_path: Path) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync="always", segment_size=256 * 1024) as store:
+        await store.add([new_job(clock, n=i) for i in range(10)])
+        (segment,) = segments(wal)
+        data = segment.read_bytes()
+        end = scan_segment(str(segment)).committed_end
+        assert len(data) == 256 * 1024  # min(PREALLOC_STEP, segment_size)
+        assert data[end:] == bytes(len(data) - end)
+    assert segment.stat().st_size == end  # trimmed: a closed segment is its records
+
+
+async def test_padding_left_by_a_crash_is_not_damage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync="always") as store:
+        jobs = await store.add([new_job(clock, n=i) for i in range(5)])
+        running = await claim(store)
+        await store.succeed(running.id, running.epoch, {"ok": 1})
+        before = {j.id: await store.get(j.id) for j in jobs}
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    (padded,) = segments(crashed)
+    padded_size = padded.stat().st_size
+    committed = scan_segment(str(padded)).committed_end
+    assert padded_size > committed
+
+    with caplog.at_level(logging.WARNING, logger="trioq.wal"):
+        async with opened(crashed, clock) as store:
+            assert {j.id: await store.get(j.id) for j in jobs} == before
+            assert store.recovery is not None
+            assert store.recovery.truncated_bytes == 0
+            assert store.recovery.padding_bytes == padded_size - committed
+    assert [r for r in caplog.records if r.name == "trioq.wal"] == []
+    assert padded.stat().st_size == committed
+
+
+async def test_padding_is_not_damage_in_an_older_segment_either(tmp_path: Path) -> None:
+    # A crash after a roll, before the left segment's trim reached the disk.
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync="always", segment_size=4096) as store:
+        jobs = await store.add([new_job(clock, n=i) for i in range(200)])
+    older = segments(wal)[0]
+    assert len(segments(wal)) > 1
+    with older.open("ab") as f:
+        f.write(bytes(5000))
+    async with opened(wal, clock) as store:
+        assert [(await store.get(j.id)).state for j in jobs] == [JobState.READY] * 200
+        assert store.recovery is not None and store.recovery.padding_bytes == 5000
+
+
+async def test_zeros_after_part_of_a_record_are_a_torn_write(tmp_path: Path) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock) as store:
+        await store.add([new_job(clock, n=1)])
+    last = segments(wal)[-1]
+    whole = frame(ADD, ("torn-job", "t", {}, 0, None, 3, START, START))
+    with last.open("ab") as f:
+        f.write(whole[: len(whole) // 2] + bytes(100))
+    async with opened(wal, clock) as store:
+        assert store.recovery is not None
+        assert store.recovery.truncated_bytes == len(whole) // 2 + 100
+        assert store.recovery.padding_bytes == 0
+
+
 @pytest.mark.parametrize("keep", [0, HEADER_SIZE // 2])
 async def test_last_segment_cut_inside_its_header_is_an_unfinished_write(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, keep: int
@@ -755,19 +822,26 @@ def test_log_cut_anywhere_replays_to_its_last_commit(
             offsets.update({p.size - 1, p.size + 1})
         offsets.update(HEADER_SIZE + round(c * (len(log) - HEADER_SIZE)) for c in cuts)
         for offset in sorted(o for o in offsets if HEADER_SIZE <= o <= len(log)):
-            expected = _state_at(points, offset)
-            assert _replayed(log, offset, tmp, expected.now) == attrs.evolve(expected, size=offset), offset
+            expected = attrs.evolve(_state_at(points, offset), size=offset)
+            assert _replayed(log, offset, tmp, expected.now) == expected, offset
+            # The same cut followed by zero padding (fsync="always" zero-fills
+            # ahead). Where the lost bytes were zeros too, the disk holds them
+            # after all: a commit marker can end up whole, though never acknowledged.
+            lost = log[offset : offset + 300]
+            whole = offset + len(lost) - len(lost.lstrip(b"\0"))
+            padded = attrs.evolve(_state_at(points, whole), size=offset)
+            assert _replayed(log, offset, tmp, padded.now, pad=300) == padded, offset
 
 
-def _replayed(log: bytes, offset: int, tmp: str, now: float) -> Point:
-    """The table a crash leaving ``log[:offset]`` recovers to, promoted at ``now``."""
+def _replayed(log: bytes, offset: int, tmp: str, now: float, pad: int = 0) -> Point:
+    """The table a crash leaving ``log[:offset]`` (then ``pad`` zeros) recovers to, promoted at ``now``."""
     directory = os.path.join(tmp, "cut")
     os.makedirs(directory, exist_ok=True)
     segment = os.path.join(directory, "00000000000000000001.wal")
     with open(segment, "wb") as f:
-        f.write(log[:offset])
+        f.write(log[:offset] + bytes(pad))
     table = JobTable(max_retained=sys.maxsize)
     recovery = replay(directory, table)
-    assert recovery.truncated_bytes == offset - os.path.getsize(segment)
+    assert recovery.truncated_bytes + recovery.padding_bytes == offset + pad - os.path.getsize(segment)
     table.promote(now)
     return canon(table, offset, now)

@@ -5,6 +5,10 @@ segment is a write that never finished, so it is truncated (with a warning
 giving the byte count) and recovery goes on. Damage anywhere else, in an older
 segment or before a later valid commit marker, is corruption: WALCorruption
 names the segment file and offset, and nothing past it is replayed.
+
+Zeros after the last commit marker, to the end of a segment, are padding (the
+writer zero-fills ahead with ``fsync="always"``; a crash can leave it there),
+not damage, in any segment: they are cut off without a warning.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class Recovery:
     batches: int = 0
     truncated_bytes: int = 0
     truncated_segment: str | None = None
+    #: Bytes of zero padding cut off the segments' ends (not damage).
+    padding_bytes: int = 0
     checkpoints_seen: int = 0
     #: ``(segment number, jobs in it)`` of the last checkpoint replayed, if any.
     last_checkpoint: tuple[int, int] | None = None
@@ -170,7 +176,10 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _corruption(directory, path, 0, f"header says segment {scan.number}, file name says {number}")
         last = index == count - 1
         tail = scan.size - scan.committed_end
-        if scan.damage_at is not None and (not last or scan.commit_after_damage):
+        padding = tail if tail and scan.data.count(0, scan.committed_end) == tail else 0
+        if padding:
+            tail = 0
+        elif scan.damage_at is not None and (not last or scan.commit_after_damage):
             raise _corruption(directory, path, scan.damage_at, scan.damage or "damaged record")
         if tail and not last:
             raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
@@ -203,7 +212,12 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
         recovery.records += scan.records
         recovery.batches += scan.batches
         scans.pop(index, None)  # one segment's bytes in memory at a time
-        if tail:
+        if padding:
+            recovery.padding_bytes += padding
+            if repair:
+                with open(path, "r+b") as f:
+                    f.truncate(scan.committed_end)
+        elif tail:
             recovery.truncated_bytes = tail
             recovery.truncated_segment = path
             if repair:

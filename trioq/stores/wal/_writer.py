@@ -15,6 +15,15 @@ past twice the size of a checkpoint of the live jobs, the new segment starts
 with a checkpoint and every older segment is deleted, so disk use follows the
 live jobs, not history. The directory is fsynced after every create, truncate
 and delete.
+
+With ``"always"`` the open segment is zero-filled ahead of the records
+(:data:`PREALLOC_STEP` at a time) and records overwrite the zeros in place:
+an ``fdatasync`` then flushes data only, no file size or block allocation,
+which is about a third faster here (ext4: ~0.14 ms instead of ~0.21 ms). A
+segment is cut back to its records when the writer leaves it; one a crash left
+padded ends in zeros, which recovery reads as padding, not damage. The other
+modes append: without a sync per commit, overwritten blocks could reach the
+disk out of order, and a machine crash could leave a hole before a commit.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ SYNC_INTERVAL = 0.005
 #: costs ~0.2 ms here, more than a fast disk's fdatasync. Slower disks sync in
 #: a thread so the event loop never stalls long.
 INLINE_SYNC_MAX = 0.0005
+#: Bytes zero-filled ahead of the records at a time with ``fsync="always"``.
+PREALLOC_STEP = 1 << 20
 
 
 def virtual_time() -> bool:
@@ -79,11 +90,12 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = os.pwrite(fd, view, offset)
         view = view[written:]
+        offset += written
 
 
 class LogWriter:
@@ -119,6 +131,8 @@ class LogWriter:
         self._fd = -1
         self._segment = next_segment - 1
         self._segment_bytes = 0
+        #: Size of the open segment's file: its records, then zeros (see PREALLOC_STEP).
+        self._allocated = 0
         # Sizes of every segment on disk, the open one last.
         self._segments: dict[int, tuple[str, int]] = {n: (path, os.path.getsize(path)) for n, path in old_segments}
         # Bytes known to be synced, per segment created by this writer (a
@@ -207,6 +221,8 @@ class LogWriter:
                     if batch is not None:
                         self._abandon(batch, stopped)
                 if self._fd >= 0:
+                    if killed is None:
+                        self._trim()
                     os.close(self._fd)
                     self._fd = -1
 
@@ -318,6 +334,9 @@ class LogWriter:
         data = b"".join(frames)
         try:
             if self.fsync == "always":
+                end = self._segment_bytes + len(data)
+                if end > self._allocated:
+                    self._zero_fill(end)
                 if self._sync_seconds <= INLINE_SYNC_MAX or self._inline:
                     # A fast disk: syncing here costs less than the thread hop.
                     elapsed = self._write_and_sync(data)
@@ -326,7 +345,7 @@ class LogWriter:
                     elapsed = await trio.to_thread.run_sync(self._write_and_sync, data)
                 self._sync_seconds += (elapsed - self._sync_seconds) * 0.2
             else:
-                _write_all(self._fd, data)
+                _write_at(self._fd, data, self._segment_bytes)
                 self._dirty = True
                 if self.fsync == "interval" and trio.current_time() - self._last_sync >= SYNC_INTERVAL:
                     await self._sync_now()
@@ -353,7 +372,7 @@ class LogWriter:
     def _write_and_sync(self, data: bytes) -> float:
         """Write and fdatasync ``data``; returns the seconds it took."""
         started = time.perf_counter()
-        _write_all(self._fd, data)
+        _write_at(self._fd, data, self._segment_bytes)
         os.fdatasync(self._fd)
         self._synced[self._segment] = self._segment_bytes + len(data)
         return time.perf_counter() - started
@@ -361,8 +380,22 @@ class LogWriter:
     def _sync(self) -> None:
         if self._dirty and self._fd >= 0:
             os.fdatasync(self._fd)
+            # The file's size is its records here: only "always" pads, and it
+            # syncs in _write_and_sync, never leaving the segment dirty.
             self._synced[self._segment] = os.fstat(self._fd).st_size
             self._dirty = False
+
+    def _zero_fill(self, end: int) -> None:
+        """Extend the open segment with zeros to at least ``end`` (synced with the next commit)."""
+        target = max(end, min(self._allocated + PREALLOC_STEP, self.segment_size))
+        _write_at(self._fd, bytes(target - self._allocated), self._allocated)
+        self._allocated = target
+
+    def _trim(self) -> None:
+        """Cut the open segment's zero padding off (not synced: padding left by a crash is harmless)."""
+        if self._allocated > self._segment_bytes:
+            os.ftruncate(self._fd, self._segment_bytes)
+            self._allocated = self._segment_bytes
 
     async def _sync_now(self) -> None:
         """Sync the open segment (in a thread); notes the time for ``"interval"``."""
@@ -388,11 +421,15 @@ class LogWriter:
         that were safe before it.
         """
         path = os.path.join(self.directory, segment_name(number))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         data = header(number) + body
         synced = durable or self.fsync != "never"
+        allocated = len(data)
         try:
-            _write_all(fd, data)
+            _write_at(fd, data, 0)
+            if self.fsync == "always":
+                allocated = max(allocated, min(allocated + PREALLOC_STEP, self.segment_size))
+                _write_at(fd, bytes(allocated - len(data)), len(data))
             if synced:
                 os.fdatasync(fd)
                 fsync_dir(self.directory)
@@ -402,8 +439,10 @@ class LogWriter:
         if self._fd >= 0:
             if self._dirty and self.fsync != "never":
                 self._sync()
+            self._trim()
             os.close(self._fd)
         self._fd = fd
+        self._allocated = allocated
         self._dirty = False
         self._synced[number] = len(data) if synced else 0
         self._segment = number
