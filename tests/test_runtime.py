@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 import trioq
@@ -545,18 +546,18 @@ async def test_a_loop_of_enqueues_lets_other_tasks_run(kind: str, tmp_path: Any)
         nonlocal ticks
         while producing:
             ticks += 1
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
-    async with trioq.open_queue(registry, store=_checkpoint_store(kind, tmp_path), workers=0) as queue:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            await trio.sleep(0)
-            before = ticks
-            for _ in range(50):
-                job = await queue.enqueue("noop")
-                await queue.get(job.id)
-            during = ticks - before
-            producing = False
+    store = _checkpoint_store(kind, tmp_path)
+    async with trioq.open_queue(registry, store=store, workers=0) as queue, trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        before = ticks
+        for _ in range(50):
+            job = await queue.enqueue("noop")
+            await queue.get(job.id)
+        during = ticks - before
+        producing = False
     assert during >= 90, f"the ticker ran {during} times during 50 enqueues and 50 gets"
 
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 
 import trio
-import trio.testing
 
 from ._format import (
     CHECKPOINT_BEGIN,
@@ -69,7 +69,11 @@ def virtual_time() -> bool:
     fsync could "take" the 10 seconds of some attempt's timeout. Inline, I/O
     takes no virtual time at all.
     """
-    return isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+    # Not `import trio.testing` at the top: it imports pytest (~10,000 objects
+    # more for every full GC to walk, and 60 ms) into every program using trioq.
+    # A MockClock in use means its module is loaded already.
+    testing = sys.modules.get("trio.testing")
+    return testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock)
 
 
 class _Batch:
