@@ -530,15 +530,17 @@ def _checkpoint_store(kind: str, tmp_path: Any) -> trioq.Store:
     return trioq.MemoryStore() if kind == "memory" else trioq.WALStore(tmp_path, fsync="never")
 
 
+_noops = trioq.Registry()
+
+
+@_noops.task
+async def noop(ctx: trioq.JobContext) -> None:
+    pass
+
+
 @pytest.mark.parametrize("kind", ["memory", "wal"])
 async def test_a_loop_of_enqueues_lets_other_tasks_run(kind: str, tmp_path: Any) -> None:
     """Every Queue method is a checkpoint, as trio's own are: a producer loop cannot starve the loop."""
-    registry = trioq.Registry()
-
-    @registry.task
-    async def noop(ctx: trioq.JobContext) -> None:
-        pass
-
     ticks = 0
     producing = True
 
@@ -549,7 +551,7 @@ async def test_a_loop_of_enqueues_lets_other_tasks_run(kind: str, tmp_path: Any)
             await trio.lowlevel.checkpoint()
 
     store = _checkpoint_store(kind, tmp_path)
-    async with trioq.open_queue(registry, store=store, workers=0) as queue, trio.open_nursery() as nursery:
+    async with trioq.open_queue(_noops, store=store, workers=0) as queue, trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
         await trio.lowlevel.checkpoint()
         before = ticks
@@ -563,13 +565,7 @@ async def test_a_loop_of_enqueues_lets_other_tasks_run(kind: str, tmp_path: Any)
 
 @pytest.mark.parametrize("kind", ["memory", "wal"])
 async def test_a_cancelled_caller_enqueues_nothing(kind: str, tmp_path: Any) -> None:
-    registry = trioq.Registry()
-
-    @registry.task
-    async def noop(ctx: trioq.JobContext) -> None:
-        pass
-
-    async with trioq.open_queue(registry, store=_checkpoint_store(kind, tmp_path), workers=0) as queue:
+    async with trioq.open_queue(_noops, store=_checkpoint_store(kind, tmp_path), workers=0) as queue:
         job = await queue.enqueue("noop")
         with trio.CancelScope() as scope:
             scope.cancel()
