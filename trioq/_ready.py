@@ -6,13 +6,13 @@ each priority lane keeps them in a FIFO: O(1) in and out, and no heap walk
 across a large backlog, which costs cache misses by the million. A job that
 arrives out of order (a delayed job promoted with an earlier ``run_at``, a
 retry, a release) goes to the lane's heap; popping takes the smaller head of
-the two. Items are ``(run_at, seq, job)`` tuples (``seq`` is unique, so the job
-itself is never compared); the caller checks that an item is still current
-(lazy deletion) and pops again if not.
+the two. Items are ``(run_at, seq, job, token)`` tuples (``seq`` is unique, so
+nothing after it is ever compared); the caller checks that an item is still
+current (lazy deletion) and pops again if not.
 
 The FIFO stores its items in chunks: full chunks are tuples, which CPython's
-cyclic GC stops tracking once their items are untracked (tuples of a float, an
-int and a table entry are: entries are invisible to the GC). A collection of the oldest generation then
+cyclic GC stops tracking once their items are untracked (tuples of a float,
+ints and a table entry are: entries are invisible to the GC). A collection of the oldest generation then
 visits one chunk per :data:`CHUNK` waiting jobs instead of every job: with a
 plain deque of a million items each such collection took ~17 ms, and there
 are dozens of them while a million jobs are enqueued.
@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 __all__ = ["CHUNK", "Fifo", "ReadyItem", "ReadyQueue"]
 
 T = TypeVar("T")
-ReadyItem = tuple[float, int, Any]
+ReadyItem = tuple[float, int, Any, int]
 
 #: Items per FIFO chunk.
 CHUNK = 1024

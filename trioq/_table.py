@@ -41,21 +41,24 @@ _CANCELLED = JobState.CANCELLED
 class Entry(msgspec.Struct, gc=False, eq=False):
     """The table's mutable record of one job. Never handed out: see :meth:`snapshot`.
 
-    ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is the heap
-    item ``(run_at, seq, entry)`` that currently stands for this job in the ready
-    or scheduled queue, or ``None``; an item whose entry no longer points back at
-    it is stale and is skipped when it surfaces (lazy deletion keeps cancel O(1)).
-    Items hold the entry itself, so claiming needs no lookup by id. A terminal
-    entry's ``slot`` is its item ``(finished_at, entry)`` in the retention queue,
-    by the same rule.
+    ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is the
+    token (a count, per job) of the queue item that currently stands for this
+    job, or 0: an item ``(run_at, seq, entry, token)`` in the ready or scheduled
+    queue, or, once the job is terminal, ``(finished_at, entry, token)`` in the
+    retention queue. An item whose token is not its entry's ``slot`` is stale
+    and is skipped when it surfaces (lazy deletion keeps cancel O(1)). Items
+    hold the entry, so claiming needs no lookup by id.
 
     Entries are invisible to CPython's cyclic GC (``gc=False``), and so is the
     table's id -> entry dict, which holds nothing else: otherwise every
     collection of the oldest generation rescans every job a store holds, and
-    enqueueing a million jobs spent a third of its time in the collector. It
-    is safe because an entry cannot be part of a reference cycle: nothing but
-    the table refers to it (callers get :class:`~trioq.Job` snapshots), so
-    nothing its ``result`` refers to can refer back.
+    enqueueing a million jobs spent a third of its time in the collector. That
+    is safe only while no reference cycle runs through an entry, which the GC
+    could not see or free. None does: the table and its queue items refer to
+    entries, entries refer to neither (``slot`` is a number, not the item), and
+    callers get :class:`~trioq.Job` snapshots, so nothing an entry's ``result``
+    refers to can refer back to it. (``tests/test_table.py`` checks that a
+    dropped table frees every job.)
     """
 
     id: str
@@ -76,7 +79,10 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     finished_at: float | None = None
     result: Any = None
     error: str | None = None
-    slot: tuple[Any, ...] | None = None
+    slot: int = 0
+    #: Items ever made for this job: the next item's token is one more (a
+    #: small int, which CPython does not allocate: a table-wide counter did).
+    pushes: int = 0
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -121,15 +127,15 @@ class JobTable:
         self.max_retained = max_retained
         self._jobs: dict[str, Entry] = {}
         self._keys: dict[str, str] = {}  # idempotency key -> job id
-        # Items are (run_at, seq, entry) in both; see Entry.slot.
+        # Items are (run_at, seq, entry, token) in both; see Entry.slot.
         self._ready = ReadyQueue()
-        self._scheduled: list[tuple[float, int, Entry]] = []
+        self._scheduled: list[tuple[float, int, Entry, int]] = []
         # Terminal jobs in the order they finished, as (finished_at, entry)
         # items with lazy deletion like the ready queue (a retried or dropped
         # job's item goes stale); _retained counts the current ones. Evicting
         # the oldest is a pop from the front: no hash lookups into a large
         # table whose old entries have long left the CPU caches.
-        self._terminal: Fifo[tuple[float, Entry]] = Fifo()
+        self._terminal: Fifo[tuple[float, Entry, int]] = Fifo()
         self._retained = 0
         # The running jobs: completions look them up here, in a dict of about
         # `workers` entries that stays in the CPU caches, not in the big one.
@@ -195,7 +201,7 @@ class JobTable:
         heap = self._scheduled
         while heap:
             item = heap[0]
-            if item[2].slot is item:
+            if item[2].slot == item[3]:
                 return item[0]
             heapq.heappop(heap)
         return None
@@ -206,7 +212,7 @@ class JobTable:
         ready = self._ready
         while (item := ready.first()) is not None:
             entry: Entry = item[2]
-            if entry.slot is item:
+            if entry.slot == item[3]:
                 return entry
             ready.pop()
         return None
@@ -298,12 +304,12 @@ class JobTable:
         ready = self._ready
         while (item := ready.pop()) is not None:
             entry: Entry = item[2]
-            if entry.slot is item:
+            if entry.slot == item[3]:
                 counts = self._counts
                 counts[_READY] -= 1
                 counts[_RUNNING] += 1
                 entry.state = _RUNNING
-                entry.slot = None
+                entry.slot = 0
                 entry.epoch += 1
                 self._active[entry.id] = entry
                 return entry
@@ -320,7 +326,7 @@ class JobTable:
         if entry.state is not _READY and entry.state is not _SCHEDULED:
             raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only ready jobs can be claimed", field="state")
         self._move(entry, _RUNNING)
-        entry.slot = None
+        entry.slot = 0
         entry.epoch += 1
         return entry
 
@@ -383,7 +389,7 @@ class JobTable:
         if entry.state.terminal:
             return entry, False, None
         running_epoch = entry.epoch if entry.state is _RUNNING else None
-        entry.slot = None
+        entry.slot = 0
         self._finish(entry, _CANCELLED, now)
         return entry, True, running_epoch
 
@@ -411,7 +417,7 @@ class JobTable:
         while heap and heap[0][0] <= now:
             item = heapq.heappop(heap)
             found = item[2]
-            if found.slot is not item:
+            if found.slot != item[3]:
                 continue
             self._move(found, _READY)
             self._push(found)
@@ -438,14 +444,14 @@ class JobTable:
         entry = self.entry(job_id)
         if not entry.state.terminal:
             raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only terminal jobs can be evicted", field="state")
-        entry.slot = None  # its retention item goes stale
+        entry.slot = 0  # its retention item goes stale
         self._forget(entry)
 
     def _oldest(self) -> Entry | None:
         """The terminal job that finished first (stale items in front are dropped)."""
         terminal = self._terminal
         while (item := terminal.first()) is not None:
-            if item[1].slot is item:
+            if item[1].slot == item[2]:
                 return item[1]
             terminal.popleft()
         return None
@@ -453,7 +459,7 @@ class JobTable:
     def _evict_oldest(self, oldest: Entry) -> None:
         """Forget the entry :meth:`_oldest` just returned."""
         self._terminal.popleft()
-        oldest.slot = None
+        oldest.slot = 0
         self._forget(oldest)
 
     def _forget(self, entry: Entry) -> None:
@@ -487,7 +493,7 @@ class JobTable:
         (so the retention order survives a checkpoint).
         """
         rows = [_row(e) for e in self._jobs.values() if not e.state.terminal]
-        rows.extend(_row(item[1]) for item in self._terminal if item[1].slot is item)
+        rows.extend(_row(item[1]) for item in self._terminal if item[1].slot == item[2])
         return rows
 
     def restore(
@@ -583,29 +589,25 @@ class JobTable:
                 item, pos = first, 0
             terminal.pos = pos + 1
             oldest = item[1]
-            if oldest.slot is not item:
+            if oldest.slot != item[2]:
                 continue  # stale: retried or dropped since
-            oldest.slot = None
+            oldest.slot = 0
             self._forget(oldest)
             if self.on_overflow_drop is not None:
                 self.on_overflow_drop(oldest.id)
 
     def _retain(self, entry: Entry) -> None:
         assert entry.finished_at is not None
-        item = (entry.finished_at, entry)
-        entry.slot = item
-        self._terminal.append(item)
+        entry.pushes = entry.slot = token = entry.pushes + 1
+        self._terminal.append((entry.finished_at, entry, token))
         self._retained += 1
 
     def _push(self, entry: Entry) -> None:
+        entry.pushes = entry.slot = token = entry.pushes + 1
         if entry.state is _READY:
-            ready = (entry.run_at, entry.seq, entry)
-            entry.slot = ready
-            self._ready.push(entry.priority, ready)
+            self._ready.push(entry.priority, (entry.run_at, entry.seq, entry, token))
         else:
-            scheduled = (entry.run_at, entry.seq, entry)
-            entry.slot = scheduled
-            heapq.heappush(self._scheduled, scheduled)
+            heapq.heappush(self._scheduled, (entry.run_at, entry.seq, entry, token))
 
 
 _encode = msgspec.msgpack.Encoder().encode
