@@ -53,6 +53,18 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
             assert done.state is JobState.SUCCEEDED
             seen = _crash_copy(wal, tmp_path / "after-wait")
             assert seen.get(job.id).state is JobState.SUCCEEDED and seen.get(job.id).result == 1
+            # wait() called once the table already shows the success, while its
+            # record is still on the way to the disk, returns only after it lands.
+            raced = 0
+            for attempt in range(10):
+                late = await queue.enqueue("noop", {"n": 2})
+                while (await queue.get(late.id)).state is not JobState.SUCCEEDED:
+                    await trio.lowlevel.checkpoint()
+                raced += queue.store.unsynced()
+                assert (await queue.wait(late.id)).state is JobState.SUCCEEDED
+                seen = _crash_copy(wal, tmp_path / f"after-late-wait-{attempt}")
+                assert seen.get(late.id).state is JobState.SUCCEEDED
+            assert raced, "the success was always durable before wait() was called: nothing tested"
             jobs = await queue.enqueue_many([trioq.JobSpec("noop", {"n": n}) for n in range(50)])
             await queue.join()
             seen = _crash_copy(wal, tmp_path / "after-join")

@@ -187,7 +187,8 @@ class Queue:
         return await self.store.get(job_id)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
-        """Return the job once it is terminal (succeeded, dead or cancelled).
+        """Return the job once it is terminal (succeeded, dead or cancelled) and, with a
+        store that logs, once that outcome is durable.
 
         Raises :class:`~trioq.JobNotFound` for an unknown id, and a
         ``TimeoutError`` (``trioq``'s ``WaitTimeout``) after ``timeout`` seconds.
@@ -207,6 +208,9 @@ class Queue:
                     del self._waiters[job_id]
                 raise
             if job.state.terminal:
+                # The table can be ahead of the log: a worker does not wait for
+                # its outcome's record. Whoever waits hears of it once durable.
+                await self.store.sync()
                 return job
             with trio.move_on_at(deadline):
                 await event.wait()
