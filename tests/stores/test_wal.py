@@ -33,7 +33,7 @@ from trioq import InvalidJob, Job, JobNotFound, JobState, WALCorruption, WALLock
 from trioq._table import JobTable
 from trioq.stores import NewJob, StoreConfig
 from trioq.stores._tablestore import ADD, CLAIM
-from trioq.stores.wal import _writer
+from trioq.stores.wal import _format, _writer
 from trioq.stores.wal._format import HEADER_SIZE, commit_frame, frame, header, list_segments, scan_segment
 from trioq.stores.wal._recovery import replay
 
@@ -210,6 +210,42 @@ async def test_padding_is_not_damage_in_an_older_segment_either(tmp_path: Path) 
     async with opened(wal, clock) as store:
         assert [(await store.get(j.id)).state for j in jobs] == [JobState.READY] * 200
         assert store.recovery is not None and store.recovery.padding_bytes == 5000
+
+
+@pytest.mark.parametrize("loss", ["page never written", "flipped byte"])
+async def test_a_page_of_the_last_batch_lost_in_a_power_cut_is_a_torn_write(tmp_path: Path, loss: str) -> None:
+    # fsync="always" overwrites zero-filled blocks: a power cut during a batch's
+    # fdatasync can leave one of its pages zeros while the page with its commit
+    # marker is on disk. That batch was never acknowledged. A flipped byte in
+    # the same place is corruption as ever.
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync="always") as store:
+        kept = await store.add([new_job(clock, n=i) for i in range(5)])
+        lost = await store.add([new_job(clock, n=i, text="x" * 60) for i in range(300)])
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    (segment,) = segments(crashed)
+    data = bytearray(segment.read_bytes())
+    *_, before_last, last_end = _format._commits_after(bytes(data), HEADER_SIZE)
+    page = -(-before_last // _format.PAGE) * _format.PAGE
+    assert page + 2 * _format.PAGE < last_end  # the batch spans pages; the marker's page is later
+    if loss == "page never written":
+        data[page : page + _format.PAGE] = bytes(_format.PAGE)
+    else:
+        data[page + 100] ^= 0x5A
+    segment.write_bytes(bytes(data))
+
+    if loss == "flipped byte":
+        with pytest.raises(WALCorruption, match=segment.name):
+            async with opened(crashed, clock):
+                pass
+        return
+    async with opened(crashed, clock) as store:
+        assert [(await store.get(j.id)).state for j in kept] == [JobState.READY] * 5
+        for job in lost:
+            with pytest.raises(JobNotFound):
+                await store.get(job.id)
+        assert store.recovery is not None and store.recovery.truncated_bytes > 0
 
 
 async def test_zeros_after_part_of_a_record_are_a_torn_write(tmp_path: Path) -> None:

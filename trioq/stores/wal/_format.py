@@ -62,6 +62,8 @@ _FRAME = struct.Struct("<IIB")
 FRAME_OVERHEAD = _FRAME.size
 COMMIT_MAGIC = b"TQCOMMIT"
 _COMMIT_BODY = struct.Struct("<8sQ")
+#: The unit a disk writes atomically, at worst (a torn write loses whole pages).
+PAGE = 4096
 #: A payload longer than this is damage, not data (a torn length field).
 MAX_PAYLOAD = 1 << 30
 
@@ -148,6 +150,26 @@ class Scan:
     damage: str | None = None
     commit_after_damage: bool = False
 
+    def unwritten_page_in_final_batch(self) -> bool:
+        """Whether the damage is a page of the last group commit that never reached the disk.
+
+        With ``fsync="always"`` a group commit overwrites zero-filled blocks, and
+        a power cut during its fdatasync can leave one of its pages unwritten
+        (zeros) while a later page, holding its commit marker, did reach the
+        disk. Such a batch was never acknowledged: it is a torn write, not
+        corruption. True only when the damage lies in the final batch (exactly
+        one valid commit marker after it, then nothing but zeros) and that batch
+        holds a whole page-aligned block of zeros, which no record contains.
+        """
+        if self.damage_at is None:
+            return False
+        data = self.data
+        ends = list(_commits_after(data, self.damage_at + 1))
+        if len(ends) != 1 or data.count(0, ends[0]) != len(data) - ends[0]:
+            return False
+        first = -(-self.committed_end // PAGE) * PAGE
+        return any(data.count(0, page, page + PAGE) == PAGE for page in range(first, ends[0] - PAGE + 1, PAGE))
+
     def committed(self) -> Iterator[tuple[int, memoryview, int]]:
         """``(type, payload, offset)`` of each committed record, commit markers included.
 
@@ -226,8 +248,8 @@ def scan_segment(path: str) -> Scan:
     return scan
 
 
-def _valid_commit_after(data: bytes, start: int) -> bool:
-    """Whether a well-formed, checksummed commit marker begins anywhere after ``start``."""
+def _commits_after(data: bytes, start: int) -> Iterator[int]:
+    """The end offset of every well-formed, checksummed commit marker beginning after ``start``."""
     at = data.find(COMMIT_MAGIC, start)
     while at != -1:
         begin = at - FRAME_OVERHEAD
@@ -235,9 +257,13 @@ def _valid_commit_after(data: bytes, start: int) -> bool:
             length, crc, kind = _FRAME.unpack_from(data, begin)
             end = begin + FRAME_OVERHEAD + length
             if kind == COMMIT and length == _COMMIT_BODY.size and crc == crc32c(data[begin + 8 : end]):
-                return True
+                yield end
         at = data.find(COMMIT_MAGIC, at + 1)
-    return False
+
+
+def _valid_commit_after(data: bytes, start: int) -> bool:
+    """Whether a well-formed, checksummed commit marker begins anywhere after ``start``."""
+    return next(_commits_after(data, start), None) is not None
 
 
 def list_segments(directory: str) -> list[tuple[int, str]]:

@@ -179,7 +179,12 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
         padding = tail if tail and scan.data.count(0, scan.committed_end) == tail else 0
         if padding:
             tail = 0
-        elif scan.damage_at is not None and (not last or scan.commit_after_damage):
+        elif (
+            scan.damage_at is not None
+            and (not last or scan.commit_after_damage)
+            # A torn final group commit is cut like any unfinished write, below.
+            and not (last and scan.unwritten_page_in_final_batch())
+        ):
             raise _corruption(directory, path, scan.damage_at, scan.damage or "damaged record")
         if tail and not last:
             raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
