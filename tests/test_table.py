@@ -1210,3 +1210,25 @@ def test_a_dropped_table_frees_every_job() -> None:
     finally:
         tracemalloc.stop()
     assert leaked < 64 * 1024, f"{leaked} bytes still held after the table was dropped"
+
+
+def test_a_forgotten_job_leaves_only_a_shell_behind_in_stale_items() -> None:
+    """Cancelled scheduled jobs wait in the heap until their run_at; evicted, they must not pin payloads."""
+    import gc
+    import tracemalloc
+
+    table = JobTable(max_retained=0)  # every finished job is forgotten at once
+    add(table, "head", run_at=1.0)  # a live job at the heap's head keeps the stale ones in
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1_000):
+            add(table, f"j{i}", run_at=100.0, payload={"blob": "x" * 4_000})
+            table.cancel(f"j{i}", now=0.0)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(table) == 1
+    assert held < 1_000_000, f"{held} bytes held for 1,000 forgotten jobs of 4 KB payload each"

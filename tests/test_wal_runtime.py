@@ -92,3 +92,34 @@ async def test_an_outer_cancel_leaves_the_queue_and_releases_running_jobs(
     async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path), workers=0) as queue:
         found = await queue.get(job.id)
     assert (found.state, found.attempts) == ("ready", 0)
+
+
+async def test_a_cancel_during_the_durability_wait_still_wakes_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job is in the table before its record reaches the disk; a caller
+    # cancelled in that wait must not leave it unannounced (join() hung).
+    real_write_and_sync = _writer.LogWriter._write_and_sync
+
+    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> float:
+        time.sleep(0.05)
+        return 0.05 + real_write_and_sync(self, data)
+
+    monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
+    monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)  # sync in a thread: the loop runs on
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None:
+        pass
+
+    with trio.fail_after(10):
+        async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path / "wal", fsync="always")) as queue:
+            await queue.enqueue("noop")  # the writer settles on thread syncs
+            with trio.move_on_after(0.01) as scope:
+                await queue.enqueue("noop")
+                await trio.lowlevel.checkpoint()  # where the cancel is delivered
+            assert scope.cancelled_caught
+            await queue.join()
+            stats = await queue.stats()
+    assert stats["totals"]["enqueued"] == 2 and stats["jobs"]["succeeded"] == 2

@@ -126,24 +126,30 @@ class Queue:
     async def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Add several jobs at once, all or nothing; returns their snapshots in order.
 
-        A checkpoint, as trio's own async functions are: a cancelled caller adds
-        nothing, and even when no store I/O waits, other tasks get to run (a
-        producer loop cannot starve the workers).
+        A checkpoint, as trio's own async functions are: a caller cancelled
+        before the call adds nothing, and even when no store I/O waits, other
+        tasks get to run (a producer loop cannot starve the workers). Once the
+        jobs are added, a cancel waits for their record (shielded) and is
+        delivered at the caller's next checkpoint.
         """
         self._check_open()
         await trio.lowlevel.checkpoint_if_cancelled()
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
         faults = self._faults
-        if faults is None:
-            jobs = await self.store.add(new, max_pending=self._max_ready)
-        else:
-            jobs = []
-            token = faults.enqueue_started()
-            try:
+        # Shielded: the jobs are in the table once the store call starts; a
+        # cancel while their record is on its way to the disk must not skip
+        # waking the workers (the caller is cancelled at its next checkpoint).
+        with trio.CancelScope(shield=True):
+            if faults is None:
                 jobs = await self.store.add(new, max_pending=self._max_ready)
-            finally:
-                faults.enqueue_finished(token, jobs)
+            else:
+                jobs = []
+                token = faults.enqueue_started()
+                try:
+                    jobs = await self.store.add(new, max_pending=self._max_ready)
+                finally:
+                    faults.enqueue_finished(token, jobs)
         self._totals.enqueued += len(jobs)
         return jobs
 
@@ -271,7 +277,8 @@ class Queue:
         Cancelling a terminal job changes nothing and returns it as it is.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        outcome = await self.store.cancel(job_id)
+        with trio.CancelScope(shield=True):  # applied at once: see enqueue_many
+            outcome = await self.store.cancel(job_id)
         if outcome.running_epoch is not None:
             self._pool.cancel_attempt(job_id, outcome.running_epoch)
         if outcome.changed:
@@ -286,7 +293,9 @@ class Queue:
         """
         self._check_open()
         await trio.lowlevel.checkpoint_if_cancelled()
-        return await self.store.retry(job_id)
+        with trio.CancelScope(shield=True):  # applied at once: see enqueue_many
+            job = await self.store.retry(job_id)
+        return job
 
     # ------------------------------------------------------------- internals
 

@@ -463,8 +463,14 @@ class JobTable:
         self._forget(oldest)
 
     def _forget(self, entry: Entry) -> None:
-        """Remove a terminal entry whose retention item is spent or stale."""
+        """Remove a terminal entry whose retention item is spent or stale.
+
+        A stale queue item may still hold the entry (a cancelled job's item
+        waits in the scheduled heap until its ``run_at``): drop what is heavy.
+        """
         self._retained -= 1
+        entry.packed_payload = b""
+        entry.result = entry.error = None
         job_id = entry.id
         del self._jobs[job_id]
         self._counts[entry.state] -= 1
