@@ -1232,3 +1232,17 @@ def test_a_forgotten_job_leaves_only_a_shell_behind_in_stale_items() -> None:
         tracemalloc.stop()
     assert len(table) == 1
     assert held < 1_000_000, f"{held} bytes held for 1,000 forgotten jobs of 4 KB payload each"
+
+
+def test_retrying_a_job_again_and_again_keeps_the_retention_queue_bounded() -> None:
+    from trioq._ready import CHUNK
+
+    table = JobTable()
+    add(table, "a", max_attempts=1)
+    for i in range(3 * CHUNK):
+        entry = table.claim_next(float(i))
+        assert entry is not None
+        table.fail("a", entry.epoch, "E: x", retry_at=0.0, now=float(i))  # dead at once
+        table.retry("a", now=float(i))
+    assert len(table._terminal) <= CHUNK + 1
+    check_consistent(table)

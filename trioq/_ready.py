@@ -56,6 +56,10 @@ class Fifo(Generic[T]):
     def __bool__(self) -> bool:
         return self.pos < len(self.head) or bool(self.full) or bool(self.tail)
 
+    def __len__(self) -> int:
+        """The number of items (O(chunks): for bookkeeping, not hot paths)."""
+        return len(self.head) - self.pos + sum(len(chunk) for chunk in self.full) + len(self.tail)
+
     def __iter__(self) -> Iterator[T]:
         """The items, first to last (the queue must not change meanwhile)."""
         yield from self.head[self.pos :]

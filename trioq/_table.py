@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from ._model import InvalidJob, Job, JobNotFound, JobState
-from ._ready import Fifo, ReadyQueue
+from ._ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable"]
 
@@ -408,6 +408,7 @@ class JobTable:
         entry.run_at = now
         self._move(entry, _READY)
         self._push(entry)
+        self._compact_retention()
         return entry
 
     def promote(self, now: float) -> int:
@@ -446,6 +447,23 @@ class JobTable:
             raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only terminal jobs can be evicted", field="state")
         entry.slot = 0  # its retention item goes stale
         self._forget(entry)
+        self._compact_retention()
+
+    def _compact_retention(self) -> None:
+        """Drop stale retention items once they outnumber the current ones.
+
+        Retries and drops leave their item behind, and an item leaves only at
+        the front: a job retried again and again would grow the queue without
+        bound. Rebuilding when it holds more than twice the retained jobs (plus
+        a chunk) keeps it O(retained), at an amortised O(1) per stale item.
+        """
+        terminal = self._terminal
+        if len(terminal) > 2 * self._retained + CHUNK:
+            fresh: Fifo[tuple[float, Entry, int]] = Fifo()
+            for item in terminal:
+                if item[1].slot == item[2]:
+                    fresh.append(item)
+            self._terminal = fresh
 
     def _oldest(self) -> Entry | None:
         """The terminal job that finished first (stale items in front are dropped)."""
