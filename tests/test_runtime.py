@@ -580,3 +580,36 @@ async def test_a_cancelled_caller_enqueues_nothing(kind: str, tmp_path: Any) -> 
         stats = await queue.stats()
         assert stats["totals"]["enqueued"] == 1
         assert stats["jobs"]["ready"] == 1 and stats["jobs"]["cancelled"] == 0
+
+
+async def test_waits_leave_nothing_behind_and_concurrent_waiters_all_wake(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def nap(ctx: trioq.JobContext) -> str:
+        await trio.sleep(1.0)
+        return "up"
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        done = await queue.enqueue("nap")
+        assert (await queue.wait(done.id)).result == "up"
+        for _ in range(100):
+            await queue.wait(done.id)  # already terminal
+        later = await queue.enqueue("nap", delay=100.0)
+        with pytest.raises(trioq.WaitTimeout):
+            await queue.wait(later.id, timeout=1.0)
+        running = await queue.enqueue("nap")
+        results: list[str] = []
+
+        async def waiter() -> None:
+            results.append((await queue.wait(running.id)).result)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(waiter)
+            await trio.sleep(0.5)
+            nursery.start_soon(waiter)  # joins the same event mid-wait
+        assert results == ["up"] * 4
+        assert queue._waiters == {} and queue._waiting == {}

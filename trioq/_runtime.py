@@ -92,6 +92,7 @@ class Queue:
             on_scheduled=self._scheduled,
         )
         self._waiters: dict[str, trio.Event] = {}
+        self._waiting: dict[str, int] = {}  # how many wait() calls are in each job's loop
         self._progress = trio.Event()
         self._joiners = 0
         self._closing = False
@@ -207,21 +208,28 @@ class Queue:
             event = self._waiters.get(job_id)
             if event is None:
                 event = self._waiters[job_id] = trio.Event()
+            self._waiting[job_id] = self._waiting.get(job_id, 0) + 1
             try:
                 job = await self.store.get(job_id)
-            except BaseException:
-                if self._waiters.get(job_id) is event and not event.is_set():
-                    del self._waiters[job_id]
-                raise
-            if job.state.terminal:
-                # The table can be ahead of the log: a worker does not wait for
-                # its outcome's record. Whoever waits hears of it once durable.
-                await self.store.sync()
-                return job
-            with trio.move_on_at(deadline):
-                await event.wait()
-                continue
-            raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
+                if job.state.terminal:
+                    # The table can be ahead of the log: a worker does not wait
+                    # for its outcome's record. Whoever waits hears of it once durable.
+                    await self.store.sync()
+                    return job
+                with trio.move_on_at(deadline):
+                    await event.wait()
+                    continue
+                raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
+            finally:
+                # The last waiter to leave takes an event no outcome has set
+                # with it (a job already terminal never sets it: it leaked).
+                left = self._waiting[job_id] - 1
+                if left:
+                    self._waiting[job_id] = left
+                else:
+                    del self._waiting[job_id]
+                    if self._waiters.get(job_id) is event and not event.is_set():
+                        del self._waiters[job_id]
 
     async def join(self) -> None:
         """Until no job is ready, scheduled or running (returns at once if none is).
