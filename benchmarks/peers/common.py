@@ -35,7 +35,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 perf_counter = time.perf_counter
@@ -99,30 +99,39 @@ class Tracker:
 TRACKER = Tracker()
 
 
-def result(args: argparse.Namespace, **figures: Any) -> None:
-    """Print the one JSON line of this run."""
-    line = {"lib": args.lib, "variant": args.variant, "workload": args.workload, "jobs": args.jobs}
-    if args.workload != "latency":
+def report(args: argparse.Namespace, enqueue_s: float = 0.0, drain_s: float = 0.0) -> None:
+    """Print the one JSON line of this run: the workload's figures from its timings.
+
+    ``noop`` reports both rates, ``sleep`` the drain's efficiency, ``latency``
+    the percentiles the Tracker collected (timings unused).
+    """
+    line: dict[str, Any] = {"lib": args.lib, "variant": args.variant, "workload": args.workload, "jobs": args.jobs}
+    if args.workload == "noop":
         line["concurrency"] = args.concurrency
-    line.update(figures)
+        line.update(enqueue_per_s=round(args.jobs / enqueue_s, 1), drain_per_s=round(args.jobs / drain_s, 1))
+    elif args.workload == "sleep":
+        rate = args.jobs / drain_s
+        line["concurrency"] = args.concurrency
+        line.update(jobs_per_s=round(rate, 1), efficiency=round(rate / (args.concurrency / SLEEP), 4))
+    else:
+        line.update(_latency_figures(TRACKER.latencies))
     print(json.dumps(line), flush=True)
 
 
-def noop_figures(jobs: int, enqueue_s: float, drain_s: float) -> dict[str, float]:
-    return {"enqueue_per_s": round(jobs / enqueue_s, 1), "drain_per_s": round(jobs / drain_s, 1)}
-
-
-def sleep_figures(jobs: int, concurrency: int, drain_s: float) -> dict[str, float]:
-    rate = jobs / drain_s
-    return {"jobs_per_s": round(rate, 1), "efficiency": round(rate / (concurrency / SLEEP), 4)}
-
-
-def latency_figures(latencies: list[float]) -> dict[str, float]:
+def _latency_figures(latencies: list[float]) -> dict[str, float]:
     ordered = sorted(latencies)
     if not ordered:
         return {"p50_ms": float("nan"), "p99_ms": float("nan")}
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     return {"p50_ms": round(statistics.median(ordered) * 1000, 3), "p99_ms": round(p99 * 1000, 3)}
+
+
+async def gather_in_chunks(jobs: int, enqueue: Callable[[], Awaitable[Any]], chunk: int = 100) -> None:
+    """``jobs`` calls of ``enqueue``, ``chunk`` at a time under ``asyncio.gather`` (no bulk API)."""
+    import asyncio
+
+    for first in range(0, jobs, chunk):
+        await asyncio.gather(*(enqueue() for _ in range(min(chunk, jobs - first))))
 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:

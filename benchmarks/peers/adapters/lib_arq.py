@@ -47,13 +47,11 @@ from common import (
     TIMEOUT,
     TRACKER,
     clear_redis,
-    latency_figures,
+    gather_in_chunks,
     log,
-    noop_figures,
     parse_args,
     perf_counter,
-    result,
-    sleep_figures,
+    report,
     wait_until,
 )
 
@@ -64,6 +62,8 @@ KEYS = ("arq:*",)
 #: Worker keyword arguments of each variant, on top of arq's defaults.
 VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "tuned": {"poll_delay": 0.005}}
 SETTINGS = RedisSettings.from_dsn(REDIS_URL)
+#: The function each drain workload enqueues.
+TASKS = {"noop": "noop", "sleep": "sleepy"}
 
 
 async def noop(ctx: dict[str, Any]) -> None:
@@ -109,8 +109,7 @@ async def fill_then_drain(args: argparse.Namespace, pool: ArqRedis, function: st
     """Enqueue ``args.jobs`` jobs (gathered in chunks), then time a worker draining them."""
     TRACKER.expect(args.jobs)
     started = perf_counter()
-    for first in range(0, args.jobs, CHUNK):
-        await asyncio.gather(*(pool.enqueue_job(function) for _ in range(min(CHUNK, args.jobs - first))))
+    await gather_in_chunks(args.jobs, lambda: pool.enqueue_job(function), CHUNK)
     enqueue_s = perf_counter() - started
     started = perf_counter()
     worker, run = start_worker(args)
@@ -126,12 +125,8 @@ async def main() -> None:
         await clear_redis(KEYS)
         pool = await create_pool(SETTINGS)
         try:
-            if args.workload == "noop":
-                enqueue_s, drain_s = await fill_then_drain(args, pool, "noop")
-                result(args, **noop_figures(args.jobs, enqueue_s, drain_s))
-            elif args.workload == "sleep":
-                _, drain_s = await fill_then_drain(args, pool, "sleepy")
-                result(args, **sleep_figures(args.jobs, args.concurrency, drain_s))
+            if args.workload != "latency":
+                report(args, *await fill_then_drain(args, pool, TASKS[args.workload]))
             else:
                 TRACKER.expect(args.jobs)
                 worker, run = start_worker(args)
@@ -141,7 +136,7 @@ async def main() -> None:
                     await asyncio.sleep(LATENCY_GAP)
                 await wait_until(TRACKER.all_done.is_set)
                 await stop_worker(worker, run, args.jobs)
-                result(args, **latency_figures(TRACKER.latencies))
+                report(args)
         finally:
             await pool.aclose()
 

@@ -49,13 +49,10 @@ from common import (
     SLEEP,
     TIMEOUT,
     TRACKER,
-    latency_figures,
     log,
-    noop_figures,
     parse_args,
     perf_counter,
-    result,
-    sleep_figures,
+    report,
 )
 from dramatiq.brokers.redis import RedisBroker
 
@@ -114,12 +111,8 @@ def main() -> None:
     broker.client.flushdb()
     broker.emit_after("process_boot")  # as each process of the dramatiq CLI does before its Worker
     try:
-        if args.workload == "noop":
-            enqueue_s, drain_s = fill_then_drain(args, noop, deadline)
-            result(args, **noop_figures(args.jobs, enqueue_s, drain_s))
-        elif args.workload == "sleep":
-            _, drain_s = fill_then_drain(args, sleepy, deadline)
-            result(args, **sleep_figures(args.jobs, args.concurrency, drain_s))
+        if args.workload != "latency":
+            report(args, *fill_then_drain(args, {"noop": noop, "sleep": sleepy}[args.workload], deadline))
         else:
             TRACKER.expect(args.jobs)
             worker = start_worker(args.concurrency)
@@ -131,7 +124,7 @@ def main() -> None:
                 wait_all(deadline)
             finally:
                 worker.stop(timeout=10_000)
-            result(args, **latency_figures(TRACKER.latencies))
+            report(args)
     finally:
         broker.close()
         log(f"dramatiq {args.workload}: {TRACKER.count} jobs ran")

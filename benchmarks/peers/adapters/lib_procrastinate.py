@@ -51,13 +51,10 @@ from common import (
     SLEEP,
     TIMEOUT,
     TRACKER,
-    latency_figures,
     log,
-    noop_figures,
     parse_args,
     perf_counter,
-    result,
-    sleep_figures,
+    report,
 )
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=PG_DSN))
@@ -135,12 +132,8 @@ async def main() -> None:
     deadline = perf_counter() + TIMEOUT
     async with app.open_async():
         await clean_state()
-        if args.workload == "noop":
-            enqueue_s, drain_s = await fill_then_drain(args, noop, deadline)
-            result(args, **noop_figures(args.jobs, enqueue_s, drain_s))
-        elif args.workload == "sleep":
-            _, drain_s = await fill_then_drain(args, sleepy, deadline)
-            result(args, **sleep_figures(args.jobs, args.concurrency, drain_s))
+        if args.workload != "latency":
+            report(args, *await fill_then_drain(args, {"noop": noop, "sleep": sleepy}[args.workload], deadline))
         else:
             TRACKER.expect(args.jobs)
             worker = start_worker(args.concurrency)
@@ -152,7 +145,7 @@ async def main() -> None:
                 await wait_all(worker, deadline)
             finally:
                 await stop_worker(worker)
-            result(args, **latency_figures(TRACKER.latencies))
+            report(args)
     log(f"procrastinate {args.workload}: {TRACKER.count} jobs ran")
 
 

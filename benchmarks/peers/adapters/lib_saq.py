@@ -39,13 +39,11 @@ from common import (
     TIMEOUT,
     TRACKER,
     clear_redis,
-    latency_figures,
+    gather_in_chunks,
     log,
-    noop_figures,
     parse_args,
     perf_counter,
-    result,
-    sleep_figures,
+    report,
     wait_until,
 )
 from saq import Queue, Worker
@@ -54,6 +52,8 @@ from saq import Queue, Worker
 CHUNK = 100
 #: Redis keys (patterns) of this library, deleted at the start of every run.
 KEYS = ("saq:*",)
+#: The function each drain workload enqueues.
+TASKS = {"noop": "noop", "sleep": "sleepy"}
 
 
 async def noop(ctx: dict[str, Any]) -> None:
@@ -87,8 +87,7 @@ async def fill_then_drain(args: argparse.Namespace, queue: Queue, function: str)
     """Enqueue ``args.jobs`` jobs (gathered in chunks), then time a worker draining them."""
     TRACKER.expect(args.jobs)
     started = perf_counter()
-    for first in range(0, args.jobs, CHUNK):
-        await asyncio.gather(*(queue.enqueue(function) for _ in range(min(CHUNK, args.jobs - first))))
+    await gather_in_chunks(args.jobs, lambda: queue.enqueue(function), CHUNK)
     enqueue_s = perf_counter() - started
     started = perf_counter()
     worker, run = start_worker(args, queue)
@@ -105,12 +104,8 @@ async def main() -> None:
         queue = Queue.from_url(REDIS_URL)
         await queue.connect()
         try:
-            if args.workload == "noop":
-                enqueue_s, drain_s = await fill_then_drain(args, queue, "noop")
-                result(args, **noop_figures(args.jobs, enqueue_s, drain_s))
-            elif args.workload == "sleep":
-                _, drain_s = await fill_then_drain(args, queue, "sleepy")
-                result(args, **sleep_figures(args.jobs, args.concurrency, drain_s))
+            if args.workload != "latency":
+                report(args, *await fill_then_drain(args, queue, TASKS[args.workload]))
             else:
                 TRACKER.expect(args.jobs)
                 worker, run = start_worker(args, queue)
@@ -120,7 +115,7 @@ async def main() -> None:
                     await asyncio.sleep(LATENCY_GAP)
                 await wait_until(TRACKER.all_done.is_set)
                 await stop_worker(worker, run, queue, args.jobs)
-                result(args, **latency_figures(TRACKER.latencies))
+                report(args)
         finally:
             await queue.disconnect()
 

@@ -50,12 +50,10 @@ from common import (
     TIMEOUT,
     TRACKER,
     clear_redis,
-    latency_figures,
-    noop_figures,
+    gather_in_chunks,
     parse_args,
     perf_counter,
-    result,
-    sleep_figures,
+    report,
     wait_until,
 )
 from taskiq import AsyncTaskiqDecoratedTask
@@ -116,8 +114,7 @@ async def fill_then_drain(args: argparse.Namespace, task: AsyncTaskiqDecoratedTa
     """Enqueue ``args.jobs`` jobs (gathered in chunks), then time a receiver draining them."""
     TRACKER.expect(args.jobs)
     started = perf_counter()
-    for first in range(0, args.jobs, CHUNK):
-        await asyncio.gather(*(task.kiq() for _ in range(min(CHUNK, args.jobs - first))))
+    await gather_in_chunks(args.jobs, task.kiq, CHUNK)
     enqueue_s = perf_counter() - started
     started = perf_counter()
     worker = RunningWorker(args)
@@ -133,12 +130,8 @@ async def main() -> None:
         await clear_redis(KEYS)
         await broker.startup()
         try:
-            if args.workload == "noop":
-                enqueue_s, drain_s = await fill_then_drain(args, noop)
-                result(args, **noop_figures(args.jobs, enqueue_s, drain_s))
-            elif args.workload == "sleep":
-                _, drain_s = await fill_then_drain(args, sleepy)
-                result(args, **sleep_figures(args.jobs, args.concurrency, drain_s))
+            if args.workload != "latency":
+                report(args, *await fill_then_drain(args, {"noop": noop, "sleep": sleepy}[args.workload]))
             else:
                 TRACKER.expect(args.jobs)
                 worker = RunningWorker(args)
@@ -148,7 +141,7 @@ async def main() -> None:
                     await asyncio.sleep(LATENCY_GAP)
                 await wait_until(TRACKER.all_done.is_set)
                 await worker.stop()
-                result(args, **latency_figures(TRACKER.latencies))
+                report(args)
         finally:
             await broker.shutdown()
 

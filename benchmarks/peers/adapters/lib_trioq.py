@@ -20,12 +20,9 @@ from common import (
     SLEEP,
     TIMEOUT,
     TRACKER,
-    latency_figures,
-    noop_figures,
     parse_args,
     perf_counter,
-    result,
-    sleep_figures,
+    report,
 )
 
 import trioq
@@ -73,12 +70,8 @@ async def fill_then_drain(args, task: str, directory: str) -> tuple[float, float
 async def main() -> None:
     args = parse_args("trioq", ("memory", "wal-never", "wal-always"))
     with tempfile.TemporaryDirectory(prefix="trioq-peers-") as directory, trio.fail_after(TIMEOUT):
-        if args.workload == "noop":
-            enqueue_s, drain_s = await fill_then_drain(args, "noop", directory)
-            result(args, **noop_figures(args.jobs, enqueue_s, drain_s))
-        elif args.workload == "sleep":
-            _, drain_s = await fill_then_drain(args, "sleepy", directory)
-            result(args, **sleep_figures(args.jobs, args.concurrency, drain_s))
+        if args.workload != "latency":
+            report(args, *await fill_then_drain(args, {"noop": "noop", "sleep": "sleepy"}[args.workload], directory))
         else:
             store = make_store(args.variant, directory)
             TRACKER.expect(args.jobs)
@@ -88,7 +81,7 @@ async def main() -> None:
                     await queue.enqueue("stamp", {"t": perf_counter()})
                     await trio.sleep(LATENCY_GAP)
                 await queue.join()
-            result(args, **latency_figures(TRACKER.latencies))
+            report(args)
 
 
 if __name__ == "__main__":
