@@ -71,6 +71,8 @@ def check_consistent(table: JobTable) -> None:
             assert table.holds_key(job.key) and table._keys[job.key] == job.id
     for key, job_id in table._keys.items():
         assert job_id in table and table.get(job_id).key == key
+    assert table._retained == terminal
+    assert len(table._terminal) - table._retained <= table._stale  # every stale item is counted
     running = {job.id for job in jobs if job.state is RUNNING}
     assert set(table._active) == running
     assert all(table._active[job_id] is table.entry(job_id) for job_id in running)

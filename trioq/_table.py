@@ -137,6 +137,7 @@ class JobTable:
         # table whose old entries have long left the CPU caches.
         self._terminal: Fifo[tuple[float, Entry, int]] = Fifo()
         self._retained = 0
+        self._stale = 0  # stale items made since the last rebuild (see _compact_retention)
         # The running jobs: completions look them up here, in a dict of about
         # `workers` entries that stays in the CPU caches, not in the big one.
         self._active: dict[str, Entry] = {}
@@ -450,20 +451,22 @@ class JobTable:
         self._compact_retention()
 
     def _compact_retention(self) -> None:
-        """Drop stale retention items once they outnumber the current ones.
+        """Count one more stale retention item; rebuild once they outnumber the current ones.
 
         Retries and drops leave their item behind, and an item leaves only at
         the front: a job retried again and again would grow the queue without
-        bound. Rebuilding when it holds more than twice the retained jobs (plus
-        a chunk) keeps it O(retained), at an amortised O(1) per stale item.
+        bound. ``_stale`` counts the items made stale since the last rebuild (some
+        may have left at the front since: a rebuild then comes a little early),
+        so the check is O(1) per call (replay calls this for every DROP record).
         """
-        terminal = self._terminal
-        if len(terminal) > 2 * self._retained + CHUNK:
+        self._stale += 1
+        if self._stale > self._retained + CHUNK:
             fresh: Fifo[tuple[float, Entry, int]] = Fifo()
-            for item in terminal:
+            for item in self._terminal:
                 if item[1].slot == item[2]:
                     fresh.append(item)
             self._terminal = fresh
+            self._stale = 0
 
     def _oldest(self) -> Entry | None:
         """The terminal job that finished first (stale items in front are dropped)."""
@@ -506,6 +509,7 @@ class JobTable:
         self._scheduled.clear()
         self._terminal = Fifo()
         self._retained = 0
+        self._stale = 0
         self._active.clear()
         self._counts = dict.fromkeys(JobState, 0)
         self._next_seq = 0
