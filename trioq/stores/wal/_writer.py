@@ -428,12 +428,8 @@ class LogWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         data = header(number) + body
         synced = durable or self.fsync != "never"
-        allocated = len(data)
         try:
-            _write_at(fd, data, 0)
-            if self.fsync == "always":
-                allocated = max(allocated, min(allocated + PREALLOC_STEP, self.segment_size))
-                _write_at(fd, bytes(allocated - len(data)), len(data))
+            _write_at(fd, data, 0)  # padding comes with the first commit (_zero_fill)
             if synced:
                 os.fdatasync(fd)
                 fsync_dir(self.directory)
@@ -446,7 +442,7 @@ class LogWriter:
             self._trim()
             os.close(self._fd)
         self._fd = fd
-        self._allocated = allocated
+        self._allocated = len(data)
         self._dirty = False
         self._synced[number] = len(data) if synced else 0
         self._segment = number
