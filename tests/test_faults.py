@@ -496,3 +496,34 @@ def test_a_refused_rule_takes_no_number() -> None:
     session.close()
     # Numbered as if the refused rule had never been asked for: the same draws.
     assert plan.rules == FaultPlan(seed=9).fail("pay", prob=0.5).rules
+
+
+async def test_a_job_cancelled_while_its_worker_waits_for_its_number_never_runs(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between its claim and its attempt a worker can wait (for the numbering of
+    # a fault plan, for a CPU): a cancel landing there must stop the job too.
+    from trioq._faults import FaultSession
+
+    real_number = FaultSession.number
+
+    async def slow_number(self: FaultSession, job_id: str) -> int:
+        await trio.sleep(1.0)
+        return await real_number(self, job_id)
+
+    monkeypatch.setattr(FaultSession, "number", slow_number)
+    ran: list[int] = []
+    registry = trioq.Registry()
+
+    @registry.task
+    async def record(ctx: trioq.JobContext) -> None:
+        ran.append(1)
+
+    async with trioq.open_queue(registry, workers=1, faults=FaultPlan()) as queue:
+        job = await queue.enqueue("record")
+        await trio.sleep(0.5)  # claimed; its worker is waiting for the number
+        assert (await queue.get(job.id)).state is trioq.JobState.RUNNING
+        assert (await queue.cancel(job.id)).state is trioq.JobState.CANCELLED
+        await queue.join()
+        assert (await queue.get(job.id)).state is trioq.JobState.CANCELLED
+    assert ran == []

@@ -117,6 +117,9 @@ class WorkerPool:
         self._ready_generation = 0
         self._stopping = False
         self._attempts: dict[str, Attempt] = {}  # by job id, while the handler runs
+        # (job id, epoch) of jobs cancelled after their claim, before their
+        # attempt started (waiting for a CPU, or for a fault plan's numbering).
+        self._cancelled_claims: set[tuple[str, int]] = set()
         self._healthy = 0
         self._stuck = 0
         self._replaced = 0
@@ -195,7 +198,12 @@ class WorkerPool:
     def cancel_attempt(self, job_id: str, epoch: int) -> None:
         """Stop the attempt running ``job_id`` under ``epoch`` (the job was cancelled)."""
         attempt = self._attempts.get(job_id)
-        if attempt is None or attempt.job.epoch != epoch:
+        if attempt is None:
+            # Claimed (the store says running) but not started yet: the worker
+            # holding it checks this before the handler runs.
+            self._cancelled_claims.add((job_id, epoch))
+            return
+        if attempt.job.epoch != epoch:
             return
         attempt.ended = True  # the store already recorded the outcome: cancelled
         attempt.set_deadline(trio.current_time())
@@ -309,13 +317,13 @@ class WorkerPool:
         if task is None:
             return None, error_text(self._registry.unknown(job.task))
         async with self._processes.cpus:  # wait for a CPU before the deadline starts
-            if not await self._store.heartbeat(job.id, job.epoch):
-                return None, "JobCancelled: the job was cancelled while waiting for a CPU"  # refused at settle
             return await self._run_handler(me, scope, job, task)
 
     async def _run_handler(
         self, me: _Worker, scope: trio.CancelScope, job: Job, task: TaskDef
     ) -> tuple[Any, str | None]:
+        if self._cancelled_claims and (job.id, job.epoch) in self._cancelled_claims:
+            return None, "JobCancelled: the job was cancelled before its attempt started"  # refused at settle
         heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
         if self.observers:
             me.started = self._clock()
@@ -397,6 +405,8 @@ class WorkerPool:
             else:
                 await self._fail(job, task, error)
         finally:
+            if self._cancelled_claims:
+                self._cancelled_claims.discard((job.id, job.epoch))
             me.job = me.attempt = me.task = None
 
     async def _fail(self, job: Job, task: TaskDef | None, error: str) -> None:
