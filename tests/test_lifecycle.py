@@ -213,11 +213,11 @@ async def test_one_memory_store_serves_one_queue_at_a_time() -> None:
 
 
 def test_importing_trioq_loads_neither_pytest_nor_the_http_stack() -> None:
-    """trioq.testing and trioq.http are opt-in: a plain import stays small (and so do full GCs)."""
+    """trioq.testing, fault plans and trioq.http are opt-in: a plain import stays small (and so do full GCs)."""
     import subprocess
     import sys
 
-    heavy = "{'pytest', '_pytest', 'quart', 'hypercorn', 'trio.testing'}"
+    heavy = "{'pytest', '_pytest', 'quart', 'hypercorn', 'trio.testing', 'trioq._faults'}"
     code = f"import sys, trioq; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

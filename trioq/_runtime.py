@@ -11,17 +11,19 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from ._faults import FaultPlan, FaultSession
 from ._model import InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
 from ._registry import Registry
 from ._worker import Totals, WorkerPool
 from .stores._base import NewJob, Store, StoreConfig
 from .stores.memory import MemoryStore
+
+if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays nothing for them
+    from ._faults import FaultPlan, FaultSession
 
 __all__ = ["Queue", "WaitTimeout", "open_queue"]
 
@@ -410,6 +412,8 @@ async def open_queue(
         raise ValueError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace!r}")
     if max_ready is not None and (isinstance(max_ready, bool) or not isinstance(max_ready, int) or max_ready < 1):
         raise ValueError(f"max_ready must be an int >= 1 or None, got {max_ready!r}")
+    if faults is not None:
+        from ._faults import FaultPlan, FaultSession
     if faults is not None and not isinstance(faults, FaultPlan):
         raise TypeError(f"faults must be a trioq.testing.FaultPlan or None, got {type(faults).__name__}")
     queue = Queue(

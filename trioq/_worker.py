@@ -17,17 +17,19 @@ import math
 import random
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from ._context import Attempt, JobContext
 from ._executors import ProcessRunner, ThreadRunner
-from ._faults import FaultSession
 from ._model import Backoff, Job, JobState, check_json, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
+
+if TYPE_CHECKING:
+    from ._faults import FaultSession
 
 __all__ = ["STUCK_GRACE", "Totals", "WorkerPool"]
 
