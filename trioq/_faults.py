@@ -159,7 +159,6 @@ class FaultPlan:
         #: Log records written by the last queue this plan was applied to (once it closed).
         self.records: int | None = None
         self._rules: list[Rule] = []
-        self._numbered = 0
         self._crash_after: int | None = None
         self._sessions: list[FaultSession] = []
 
@@ -241,7 +240,6 @@ class FaultPlan:
     def clear(self) -> None:
         """Remove every rule and the crash; :attr:`injected` is kept."""
         self._rules.clear()
-        self._numbered = 0
         self._crash_after = None
         for session in self._sessions:
             session.arm_crash(None)
@@ -278,10 +276,9 @@ class FaultPlan:
         return f"<FaultPlan seed={self.seed} [{', '.join(parts)}]>"
 
     def _add(self, rule: Rule) -> FaultPlan:
-        rule = attrs.evolve(rule, number=self._numbered + 1)
+        rule = attrs.evolve(rule, number=len(self._rules) + 1)
         for session in self._sessions:
             session.check(rule)  # a refused rule takes no number: later draws stay as they were
-        self._numbered += 1
         self._rules.append(rule)
         return self
 

@@ -18,7 +18,7 @@ import trio
 
 from ._model import InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
 from ._registry import Registry
-from ._worker import Totals, WorkerPool
+from ._worker import Totals, WorkerPool, _without_cancelled
 from .stores._base import NewJob, Store, StoreConfig
 from .stores.memory import MemoryStore
 
@@ -362,12 +362,6 @@ class Queue:
             await self._pool.wait_drained()
 
 
-def _is_crash_or_cancel(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_crash_or_cancel(inner) for inner in exc.exceptions)
-    return isinstance(exc, SimulatedCrash | trio.Cancelled)
-
-
 def _collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The single exception inside nested groups of one, or the group itself."""
     exc: BaseException = group
@@ -446,7 +440,7 @@ async def open_queue(
                 yield queue
                 graceful = True
             except BaseException as exc:
-                if queue._faults is not None and queue._crash is None and not _is_crash_or_cancel(exc):
+                if queue._faults is not None and queue._crash is None and _without_cancelled(exc) is not None:
                     # The body failed first: a crash point reached while the
                     # queue shuts down must not hide that failure.
                     queue._faults.arm_crash(None)
