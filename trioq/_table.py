@@ -41,13 +41,15 @@ _CANCELLED = JobState.CANCELLED
 class Entry(msgspec.Struct, gc=False, eq=False):
     """The table's mutable record of one job. Never handed out: see :meth:`snapshot`.
 
-    ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is the
-    token (a count, per job) of the queue item that currently stands for this
-    job, or 0: an item ``(run_at, seq, entry, token)`` in the ready or scheduled
+    ``seq`` is the job's enqueue order (the FIFO tie-break). ``slot`` is a
+    per-job count: the token of the queue item that currently stands for this
+    job, an item ``(run_at, seq, entry, token)`` in the ready or scheduled
     queue, or, once the job is terminal, ``(finished_at, entry, token)`` in the
-    retention queue. An item whose token is not its entry's ``slot`` is stale
-    and is skipped when it surfaces (lazy deletion keeps cancel O(1)). Items
-    hold the entry, so claiming needs no lookup by id.
+    retention queue. Making an item, or leaving every queue, moves the count
+    on; an item whose token is not its entry's ``slot`` is stale and is skipped
+    when it surfaces (lazy deletion keeps cancel O(1)). Items hold the entry,
+    so claiming needs no lookup by id. The count stays a small int, which
+    CPython does not allocate.
 
     Entries are invisible to CPython's cyclic GC (``gc=False``), and so is the
     table's id -> entry dict, which holds nothing else: otherwise every
@@ -80,9 +82,6 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     result: Any = None
     error: str | None = None
     slot: int = 0
-    #: Items ever made for this job: the next item's token is one more (a
-    #: small int, which CPython does not allocate: a table-wide counter did).
-    pushes: int = 0
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -310,7 +309,7 @@ class JobTable:
                 counts[_READY] -= 1
                 counts[_RUNNING] += 1
                 entry.state = _RUNNING
-                entry.slot = 0
+                entry.slot += 1
                 entry.epoch += 1
                 self._active[entry.id] = entry
                 return entry
@@ -327,7 +326,7 @@ class JobTable:
         if entry.state is not _READY and entry.state is not _SCHEDULED:
             raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only ready jobs can be claimed", field="state")
         self._move(entry, _RUNNING)
-        entry.slot = 0
+        entry.slot += 1
         entry.epoch += 1
         return entry
 
@@ -390,8 +389,7 @@ class JobTable:
         if entry.state.terminal:
             return entry, False, None
         running_epoch = entry.epoch if entry.state is _RUNNING else None
-        entry.slot = 0
-        self._finish(entry, _CANCELLED, now)
+        self._finish(entry, _CANCELLED, now)  # its queue item goes stale: _retain moves the slot on
         return entry, True, running_epoch
 
     def retry(self, job_id: str, now: float) -> Entry:
@@ -446,7 +444,6 @@ class JobTable:
         entry = self.entry(job_id)
         if not entry.state.terminal:
             raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only terminal jobs can be evicted", field="state")
-        entry.slot = 0  # its retention item goes stale
         self._forget(entry)
         self._compact_retention()
 
@@ -480,15 +477,15 @@ class JobTable:
     def _evict_oldest(self, oldest: Entry) -> None:
         """Forget the entry :meth:`_oldest` just returned."""
         self._terminal.popleft()
-        oldest.slot = 0
         self._forget(oldest)
 
     def _forget(self, entry: Entry) -> None:
-        """Remove a terminal entry whose retention item is spent or stale.
+        """Remove a terminal entry; its retention item, if still queued, goes stale.
 
         A stale queue item may still hold the entry (a cancelled job's item
         waits in the scheduled heap until its ``run_at``): drop what is heavy.
         """
+        entry.slot += 1
         self._retained -= 1
         entry.packed_payload = b""
         entry.result = entry.error = None
@@ -619,19 +616,18 @@ class JobTable:
             oldest = item[1]
             if oldest.slot != item[2]:
                 continue  # stale: retried or dropped since
-            oldest.slot = 0
             self._forget(oldest)
             if self.on_overflow_drop is not None:
                 self.on_overflow_drop(oldest.id)
 
     def _retain(self, entry: Entry) -> None:
         assert entry.finished_at is not None
-        entry.pushes = entry.slot = token = entry.pushes + 1
+        entry.slot = token = entry.slot + 1
         self._terminal.append((entry.finished_at, entry, token))
         self._retained += 1
 
     def _push(self, entry: Entry) -> None:
-        entry.pushes = entry.slot = token = entry.pushes + 1
+        entry.slot = token = entry.slot + 1
         if entry.state is _READY:
             self._ready.push(entry.priority, (entry.run_at, entry.seq, entry, token))
         else:
