@@ -564,12 +564,8 @@ class JobTable:
     def jobs(self, states: Collection[JobState], limit: int) -> list[Job]:
         """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first (a scan: for checks)."""
         wanted = frozenset(states)
-        found: list[tuple[int, Job]] = []
-        for entry in self._jobs.values():
-            if entry.state in wanted:
-                found.append((entry.seq, entry.snapshot()))
-        found.sort(key=lambda pair: pair[0])
-        return [job for _, job in found[:limit]]
+        matching = (entry for entry in self._jobs.values() if entry.state in wanted)
+        return [entry.snapshot() for entry in heapq.nsmallest(limit, matching, key=lambda entry: entry.seq)]
 
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
