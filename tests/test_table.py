@@ -1093,6 +1093,18 @@ class TableMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------- invariants
 
+    @rule()
+    def checkpoint(self) -> None:
+        """A WAL checkpoint replayed: every job exported, the table cleared and rebuilt.
+
+        Claim order, retention order (hence eviction order), keys and counts
+        must all survive it: the invariants below check the rebuilt table.
+        """
+        rows = self.table.export()
+        self.table.clear()
+        for row in rows:
+            self.table.restore(*row)
+
     @invariant()
     def matches_model(self) -> None:
         table = self.table
@@ -1247,4 +1259,21 @@ def test_retrying_a_job_again_and_again_keeps_the_retention_queue_bounded() -> N
         table.fail("a", entry.epoch, "E: x", retry_at=0.0, now=float(i))  # dead at once
         table.retry("a", now=float(i))
     assert len(table._terminal) <= CHUNK + 1
+    check_consistent(table)
+
+
+def test_a_checkpoint_keeps_the_retention_order() -> None:
+    """Export, clear and restore (a WAL checkpoint replayed) must evict in finish order after."""
+    table = JobTable(retention=100.0, max_retained=10)
+    for name in ("a", "b", "c"):
+        add(table, name)
+    for name, finished in (("b", 1.0), ("c", 2.0), ("a", 3.0)):  # finish order b, c, a
+        table.claim(name)
+        table.succeed(name, table.entry(name).epoch, None, now=finished)
+    rows = table.export()
+    table.clear()
+    for row in rows:
+        table.restore(*row)
+    table.max_retained = 1
+    assert table.evict(now=4.0) == ["b", "c"]
     check_consistent(table)
