@@ -217,23 +217,20 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
         recovery.records += scan.records
         recovery.batches += scan.batches
         scans.pop(index, None)  # one segment's bytes in memory at a time
-        if padding:
-            recovery.padding_bytes += padding
-            if repair:
-                with open(path, "r+b") as f:
-                    f.truncate(scan.committed_end)
-        elif tail:
+        recovery.padding_bytes += padding
+        if tail:
             recovery.truncated_bytes = tail
             recovery.truncated_segment = path
-            if repair:
+        if repair and (tail or padding):
+            if tail:  # padding is no news: the writer zero-fills ahead
                 log.warning(
                     "trioq WAL: truncating %d bytes after the last commit marker of %s (a write that never finished)",
                     tail,
                     path,
                 )
-                with open(path, "r+b") as f:
-                    f.truncate(scan.committed_end)
-                    os.fsync(f.fileno())
+            with open(path, "r+b") as f:
+                f.truncate(scan.committed_end)
+                os.fsync(f.fileno())
     return recovery
 
 
