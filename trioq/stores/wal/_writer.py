@@ -251,7 +251,9 @@ class LogWriter:
                     await self._wake.wait()
                 continue
             await self._commit_pending()
-            if self._segment_bytes >= self.segment_size:
+            # A kill can land while a commit's sync runs in a thread; rolling
+            # would then do I/O after death (and raise instead of stopping).
+            if self._killed is None and self._segment_bytes >= self.segment_size:
                 await self._roll()
 
     async def request_checkpoint(self) -> None:
