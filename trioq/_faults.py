@@ -286,7 +286,7 @@ class FaultPlan:
 def check_hang_allowed(tasks: Iterable[TaskDef], heartbeat_timeout: float | None) -> None:
     """Refuse a hang into a task that no deadline would ever stop."""
     for task in tasks:
-        if task.timeout is None and task.heartbeat_timeout is None and heartbeat_timeout is None:
+        if task.timeout is None and task.heartbeat_timeout_in(heartbeat_timeout) is None:  # as Attempt decides
             raise ValueError(
                 f"cannot inject a hang into task {task.name!r}: it has no timeout and no heartbeat_timeout "
                 "(its own or the queue's), so nothing would stop the hung attempt and the test would hang; "

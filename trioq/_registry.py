@@ -34,6 +34,13 @@ class TaskDef:
     required: frozenset[str] = frozenset()
     takes_any: bool = True
 
+    def heartbeat_timeout_in(self, queue_heartbeat_timeout: float | None) -> float | None:
+        """The heartbeat timeout its attempts get: its own, else the queue's, else none.
+
+        With no ``timeout`` either, nothing bounds an attempt (see ``Attempt``).
+        """
+        return self.heartbeat_timeout if self.heartbeat_timeout is not None else queue_heartbeat_timeout
+
     def check_payload(self, payload: dict[str, Any]) -> None:
         """Raise :class:`InvalidJob` unless ``handler(ctx, **payload)`` would bind."""
         if not self.takes_any:

@@ -326,7 +326,7 @@ class WorkerPool:
     ) -> tuple[Any, str | None]:
         if self._cancelled_claims and (job.id, job.epoch) in self._cancelled_claims:
             return None, "JobCancelled: the job was cancelled before its attempt started"  # refused at settle
-        heartbeat_timeout = task.heartbeat_timeout if task.heartbeat_timeout is not None else self._heartbeat_timeout
+        heartbeat_timeout = task.heartbeat_timeout_in(self._heartbeat_timeout)
         if self.observers:
             me.started = self._clock()
         attempt = Attempt(job, task, heartbeat_timeout, scope, me)
