@@ -211,9 +211,7 @@ class FaultPlan:
 
         The sleep counts against the attempt's timeout, and sends no heartbeat.
         """
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
-            raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
-        if seconds < 0:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
             raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
         return self._add(Rule(0, "delay", _task(task), _times(times), _prob(prob), seconds=float(seconds)))
 
