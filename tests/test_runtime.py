@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import itertools
 from typing import Any
 
@@ -12,6 +13,7 @@ import trio.testing
 
 import trioq
 from trioq import Backoff, JobSpec, JobState
+from trioq._model import check_json
 
 
 async def test_all_jobs_complete_with_exactly_workers_in_parallel(autojump_clock: trio.testing.MockClock) -> None:
@@ -325,6 +327,9 @@ async def test_bad_input_gets_specific_errors() -> None:
         cases: list[tuple[dict[str, Any], str]] = [
             ({"payload": {"to": object()}}, "payload"),
             ({"payload": {"to": float("nan")}}, "payload"),
+            ({"payload": {"to": float("-inf")}}, "payload"),
+            ({"payload": {"to": "a", "subject": [float("inf")]}}, "payload"),
+            ({"payload": {"to": "a", "subject": {1: "x", "y": object()}}}, "payload"),
             ({"payload": ["to"]}, "payload"),
             ({"payload": {"subject": "x"}}, "payload"),  # missing required 'to'
             ({"payload": {"to": "a", "cc": "b"}}, "payload"),  # unknown argument
@@ -613,3 +618,20 @@ async def test_waits_leave_nothing_behind_and_concurrent_waiters_all_wake(
             nursery.start_soon(waiter)  # joins the same event mid-wait
         assert results == ["up"] * 4
         assert queue._waiters == {} and queue._waiting == {}
+
+
+def test_check_json_takes_the_fast_path_only_for_values_that_round_trip() -> None:
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    accepted: list[Any] = [
+        {"a": "x", "b": 1, "c": True, "d": None, "e": 1.5},
+        {"a": Level.HIGH, "b": [1, {"c": 2.0}]},  # subclasses and nesting: the full check
+        {1: "int keys become strings"},
+        [1, 2],
+    ]
+    for value in accepted:
+        check_json(value, what="payload")
+    for bad in ({"a": float("nan")}, {"a": 1, "b": float("inf")}, {"a": {1, 2}}, {"a": b"bytes"}, {(1, 2): "x"}):
+        with pytest.raises(trioq.InvalidJob):
+            check_json(bad, what="payload")

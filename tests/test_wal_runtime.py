@@ -42,13 +42,16 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
     registry = trioq.Registry()
 
     @registry.task
-    async def noop(ctx: trioq.JobContext, n: int) -> int:
+    async def quick(ctx: trioq.JobContext, n: int) -> int:
+        # Yield once, so the success comes after the commit of the job's ADD
+        # has begun (an instant handler's success joins that same commit).
+        await trio.sleep(0.001)
         return n
 
     wal = tmp_path / "wal"
     with trio.fail_after(20):
         async with trioq.open_queue(registry, store=trioq.WALStore(wal, fsync="always"), workers=4) as queue:
-            job = await queue.enqueue("noop", {"n": 1})
+            job = await queue.enqueue("quick", {"n": 1})
             done = await queue.wait(job.id)
             assert done.state is JobState.SUCCEEDED
             seen = _crash_copy(wal, tmp_path / "after-wait")
@@ -57,7 +60,7 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
             # record is still on the way to the disk, returns only after it lands.
             raced = 0
             for attempt in range(10):
-                late = await queue.enqueue("noop", {"n": 2})
+                late = await queue.enqueue("quick", {"n": 2})
                 while (await queue.get(late.id)).state is not JobState.SUCCEEDED:
                     await trio.lowlevel.checkpoint()
                 raced += queue.store.unsynced()
@@ -65,10 +68,53 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
                 seen = _crash_copy(wal, tmp_path / f"after-late-wait-{attempt}")
                 assert seen.get(late.id).state is JobState.SUCCEEDED
             assert raced, "the success was always durable before wait() was called: nothing tested"
-            jobs = await queue.enqueue_many([trioq.JobSpec("noop", {"n": n}) for n in range(50)])
+            jobs = await queue.enqueue_many([trioq.JobSpec("quick", {"n": n}) for n in range(50)])
             await queue.join()
             seen = _crash_copy(wal, tmp_path / "after-join")
             assert all(seen.get(j.id).state is JobState.SUCCEEDED for j in jobs)
+
+
+async def test_an_idle_worker_starts_a_job_while_its_add_is_being_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # enqueue() returns once the job is durable, but a worker need not wait
+    # for that: the job may run during the sync (and its success record joins
+    # a later commit). A restart after enqueue returned still finds the job.
+    real_write_and_sync = _writer.LogWriter._write_and_sync
+
+    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> float:
+        time.sleep(0.05)
+        return 0.05 + real_write_and_sync(self, data)
+
+    monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
+    monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)  # sync in a thread: the loop runs on
+    registry = trioq.Registry()
+    started = trio.Event()
+
+    @registry.task
+    async def probe(ctx: trioq.JobContext) -> None:
+        started.set()
+
+    wal = tmp_path / "wal"
+    with trio.fail_after(20):
+        async with trioq.open_queue(registry, store=trioq.WALStore(wal, fsync="always"), workers=2) as queue:
+            await trio.sleep(0.1)  # idle workers, parked
+            enqueued = trio.Event()
+
+            async def enqueue() -> None:
+                job = await queue.enqueue("probe")
+                assert _crash_copy(wal, tmp_path / "at-ack").get(job.id).state in {
+                    JobState.READY,
+                    JobState.RUNNING,
+                    JobState.SUCCEEDED,
+                }
+                enqueued.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(enqueue)
+                await started.wait()
+                assert not enqueued.is_set(), "the job started only after enqueue() returned"
+            await queue.join()
 
 
 @pytest.mark.parametrize("fsync", ["always", "never"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from typing import Any
 
 import attrs
@@ -169,8 +170,24 @@ class Job:
         return data
 
 
+#: Types whose values always survive a JSON round trip (exact types: a
+#: subclass such as an ``IntEnum`` takes the full check).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def check_json(value: Any, *, what: str) -> None:
-    """Raise :class:`InvalidJob` unless ``value`` survives a JSON round trip."""
+    """Raise :class:`InvalidJob` unless ``value`` survives a JSON round trip.
+
+    A flat dict of strings, ints, bools, ``None`` and finite floats under
+    string keys (the common payload) is checked without encoding it.
+    """
+    if type(value) is dict:
+        for k, v in value.items():
+            t = type(v)
+            if type(k) is not str or (t not in _PLAIN and (t is not float or not math.isfinite(v))):
+                break
+        else:
+            return
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -101,11 +101,16 @@ class TableStore:
                 else:
                     scheduled.append(job.run_at)
             out.append(job)
-        await self._flush()
+        # Workers hear of the jobs now, not once they are durable (busy ones
+        # could claim them anyway): an idle worker starts a job a whole fsync
+        # sooner. Nothing acknowledged depends on it: a job that runs and is
+        # then lost to a crash was never acknowledged, so its producer may
+        # submit it again, as with any at-least-once queue.
         for run_at in scheduled:
             config.on_scheduled(run_at)
         if ready:
             config.on_ready(ready)
+        await self._flush()
         return out
 
     async def claim(self) -> Job | None:

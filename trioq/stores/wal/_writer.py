@@ -250,6 +250,10 @@ class LogWriter:
                 else:
                     await self._wake.wait()
                 continue
+            # One scheduling pass first: the tasks woken with these records
+            # (a worker told of a new job) run before the sync blocks the
+            # loop, and records they append join this batch.
+            await trio.lowlevel.cancel_shielded_checkpoint()
             await self._commit_pending()
             # A kill can land while a commit's sync runs in a thread; rolling
             # would then do I/O after death (and raise instead of stopping).
