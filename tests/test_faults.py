@@ -339,9 +339,7 @@ async def test_a_crash_strikes_once_and_the_next_open_recovers(
     assert plan.records == 4  # two claims, two successes: the same plan did not crash again
 
 
-async def test_a_crash_can_strike_while_the_queue_opens(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path
-) -> None:
+async def test_a_crash_can_strike_while_the_queue_opens(autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
     # A first crash leaves a running job; reopening releases it with record 1.
     with pytest.raises(SimulatedCrash):
         async with trioq.open_queue(
@@ -352,9 +350,7 @@ async def test_a_crash_can_strike_while_the_queue_opens(
             await queue.enqueue("quick")
     entered = False
     with pytest.raises(SimulatedCrash, match="record 1 "):
-        async with trioq.open_queue(
-            blocker, store=trioq.WALStore(tmp_path), faults=FaultPlan().crash(after_records=1)
-        ):
+        async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path), faults=FaultPlan().crash(after_records=1)):
             entered = True
     assert not entered
 
