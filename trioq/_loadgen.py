@@ -88,19 +88,41 @@ async def submit(
             nursery.start_soon(one_client)
 
 
-async def wait_drained(client: httpx.AsyncClient, *, timeout: float, poll: float = 0.01) -> dict[str, Any]:
-    """Poll ``/stats`` until nothing is ready, scheduled or running; returns the stats."""
+async def wait_drained(
+    client: httpx.AsyncClient, *, timeout: float, min_poll: float = 0.005, max_poll: float = 0.5
+) -> dict[str, Any]:
+    """Poll ``/stats`` until nothing is ready, scheduled or running; returns the stats.
+
+    The pause between polls is half the time the rest should take at the rate
+    seen so far (between ``min_poll`` and ``max_poll``): few requests while a
+    long drain runs, each of which costs the server a wake-up in the middle
+    of its jobs, and polls ``min_poll`` apart as the end nears, so the drain
+    is seen at most about that late.
+    """
+    first: tuple[float, int] | None = None
     with trio.fail_after(timeout):
         while True:
+            pause = min_poll
             try:
                 response = await client.get("/stats")
+                if response.status_code != 200:
+                    raise RuntimeError(f"GET /stats answered {response.status_code}: {response.text[:200]}")
                 stats: dict[str, Any] = response.json()
                 jobs = stats["jobs"]
-                if response.status_code == 200 and jobs["ready"] + jobs["scheduled"] + jobs["running"] == 0:
+                left = jobs["ready"] + jobs["scheduled"] + jobs["running"]
+                if left == 0:
                     return stats
+                now = trio.current_time()
+                if first is None:
+                    first = (now, left)
+                elif first[1] > left:
+                    rate = (first[1] - left) / (now - first[0])
+                    pause = 0.5 * left / rate
+                else:  # nothing finished since the first poll: no rate yet
+                    pause = 4 * min_poll
             except _UNREACHABLE:
                 pass
-            await trio.sleep(poll)
+            await trio.sleep(min(max_poll, max(min_poll, pause)))
 
 
 async def fetch_jobs(client: httpx.AsyncClient, ids: list[str], *, clients: int) -> dict[str, dict[str, Any] | None]:
