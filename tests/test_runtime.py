@@ -336,6 +336,9 @@ async def test_bad_input_gets_specific_errors() -> None:
             ({"payload": {"to": "a"}, "delay": -1}, "delay"),
             ({"payload": {"to": "a"}, "delay": float("inf")}, "delay"),
             ({"payload": {"to": "a"}, "delay": "soon"}, "delay"),
+            ({"payload": {"to": "a"}, "delay": True}, "delay"),
+            ({"payload": {"to": "a"}, "delay": 10**400}, "delay"),
+            ({}, "payload"),  # no payload, but 'to' is required
             ({"payload": {"to": "a"}, "priority": 1.5}, "priority"),
             ({"payload": {"to": "a"}, "priority": True}, "priority"),
             ({"payload": {"to": "a"}, "max_attempts": 0}, "max_attempts"),
@@ -351,6 +354,11 @@ async def test_bad_input_gets_specific_errors() -> None:
         with pytest.raises(trioq.InvalidJob) as excinfo:
             await queue.enqueue_many([JobSpec("send", {"to": "a"}), JobSpec("send", {"to": "a"}, delay=-5)])
         assert excinfo.value.field == "jobs[1].delay"
+        with pytest.raises(trioq.InvalidJob) as excinfo:
+            await queue.enqueue_many(
+                [JobSpec("send", {"to": "a"}, delay=2), JobSpec("send", {"to": "a"}, priority="1")]
+            )
+        assert excinfo.value.field == "jobs[1].priority"
         assert (await queue.stats())["jobs"]["ready"] == 0
         with pytest.raises(trioq.JobNotFound):
             await queue.get("no-such-id")

@@ -57,6 +57,11 @@ def _optional_int(name: str, value: Any, *, minimum: int | None = None) -> int |
     return value
 
 
+def _where(index: int | None) -> str:
+    """The prefix naming a job of a batch in error messages and fields (``jobs[3].``)."""
+    return "" if index is None else f"jobs[{index}]."
+
+
 class Queue:
     """A running job queue. Get one from :func:`open_queue`; do not construct it."""
 
@@ -157,36 +162,48 @@ class Queue:
         return jobs
 
     def _resolve(self, spec: JobSpec, now: float, index: int | None) -> NewJob:
-        where = "" if index is None else f"jobs[{index}]."
-        if not isinstance(spec, JobSpec):
+        """Validate ``spec`` and fill in the task's defaults (hot: every enqueued job).
+
+        Field names in errors are built only on the way to raising.
+        """
+        if type(spec) is not JobSpec and not isinstance(spec, JobSpec):
+            where = _where(index)
             raise InvalidJob(
                 f"{where}expected a trioq.JobSpec, got {type(spec).__name__}", field=where.rstrip(".") or "job"
             )
-        if not isinstance(spec.task, str):
-            raise InvalidJob(f"{where}task must be a string, got {spec.task!r}", field=f"{where}task")
-        definition = self.registry[spec.task]
+        task = spec.task
+        if not isinstance(task, str):
+            raise InvalidJob(f"{_where(index)}task must be a string, got {task!r}", field=f"{_where(index)}task")
+        definition = self.registry[task]
         payload = spec.payload
-        if not isinstance(payload, dict) or not all(isinstance(k, str) for k in payload):
-            raise InvalidJob(
-                f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
-            )
-        if payload:
-            check_json(payload, what=f"{where}payload")
+        if payload or type(payload) is not dict:
+            if not isinstance(payload, dict) or not all(isinstance(k, str) for k in payload):
+                where = _where(index)
+                raise InvalidJob(
+                    f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
+                )
+            check_json(payload, what=f"{_where(index)}payload")
             definition.check_payload(payload)
-        delay = _number(f"{where}delay", spec.delay)
-        priority = _optional_int(f"{where}priority", spec.priority)
-        max_attempts = _optional_int(f"{where}max_attempts", spec.max_attempts, minimum=1)
+        elif definition.required:
+            definition.check_payload(payload)
+        delay = spec.delay
+        if not (type(delay) is float and 0.0 <= delay < math.inf):
+            delay = _number(f"{_where(index)}delay", delay)
+        priority = spec.priority
+        if priority is None:
+            priority = definition.priority
+        elif type(priority) is not int:
+            priority = _optional_int(f"{_where(index)}priority", priority)
+        max_attempts = spec.max_attempts
+        if max_attempts is None:
+            max_attempts = definition.max_attempts
+        elif type(max_attempts) is not int or max_attempts < 1:
+            max_attempts = _optional_int(f"{_where(index)}max_attempts", max_attempts, minimum=1)
         key = spec.key
         if key is not None and (not isinstance(key, str) or not key):
+            where = _where(index)
             raise InvalidJob(f"{where}key must be a non-empty string or None, got {key!r}", field=f"{where}key")
-        return NewJob(
-            task=spec.task,
-            payload=payload,
-            priority=definition.priority if priority is None else priority,
-            key=key,
-            max_attempts=definition.max_attempts if max_attempts is None else max_attempts,
-            run_at=now + delay,
-        )
+        return NewJob(task, payload, priority, key, max_attempts, now + delay)
 
     # ------------------------------------------------------------- querying
 
