@@ -35,7 +35,12 @@ the ratio, the target and whether it was met. Sections:
     measured after trioq in the same subprocess, for context. A drain is cut
     off after 60 s (5 s with ``--quick``) so a pathological slowdown cannot
     stall the run; the line then says ``drain_complete: false`` and the rate is
-    the jobs that succeeded over the time taken.
+    the jobs that succeeded over the time taken. Enqueues go in batches of
+    1,000 (see ``GROWTH_BATCH``). Smaller sizes get more rounds (5, 5, 3):
+    10,000 jobs enqueue in ~40 ms, and their median needs them. A last line
+    drains the largest size again with ``max_retained`` at its size: the
+    default evicts a finished job per job past 100,000, which is
+    where the drain rate bends.
 """
 
 from __future__ import annotations
@@ -99,24 +104,27 @@ def rss_bytes() -> int:
 # ------------------------------------------------------------- trioq side
 
 
-async def trioq_drain(task: str, n: int, workers: int, limit: float = math.inf) -> dict[str, Any]:
+async def trioq_drain(
+    task: str, n: int, workers: int, limit: float = math.inf, max_retained: int = 100_000, batch: int = BATCH
+) -> dict[str, Any]:
     """Enqueue through a producer-only queue, then time a ``workers`` queue draining it.
 
     With a finite ``limit`` the drain is cut off after that many seconds and the
     rate is the number of jobs that succeeded by then over the time taken.
+    ``max_retained`` is the queue's (100,000 is ``open_queue``'s default).
     """
     store = trioq.MemoryStore()
-    async with trioq.open_queue(REGISTRY, store=store, workers=0) as producer:
+    async with trioq.open_queue(REGISTRY, store=store, workers=0, max_retained=max_retained) as producer:
         gc.collect()
         rss_before = rss_bytes()
         with GcClock() as enqueue_gc:
-            enqueue_s = await fill(producer, task, n, gc_clock=enqueue_gc)
+            enqueue_s = await fill(producer, task, n, batch, gc_clock=enqueue_gc)
         gc.collect()
         rss_after = rss_bytes()
     gc.collect()
     with GcClock() as drain_gc:
         t0 = perf_counter()
-        async with trioq.open_queue(REGISTRY, store=store, workers=workers) as queue:
+        async with trioq.open_queue(REGISTRY, store=store, workers=workers, max_retained=max_retained) as queue:
             with trio.move_on_after(limit):
                 await queue.join()
             drain_s = perf_counter() - t0
@@ -302,11 +310,24 @@ def section_latency(n: int, workers: int, rounds: int, warmup: int = 20) -> None
     )
 
 
-def growth_child(n: int, workers: int, limit: float) -> dict[str, Any]:
+#: Jobs per enqueue_many call in the growth section: small enough that even the
+#: smallest size spans ten calls. With 10,000 the smallest size was one ~40 ms
+#: call that never met a full collection of the cyclic GC (every few batches
+#: in a long run: the caller's JobSpecs and the returned Jobs set its pace),
+#: so it measured a different regime from the larger sizes.
+GROWTH_BATCH = 1_000
+
+
+def growth_child(n: int, workers: int, limit: float, max_retained: int) -> dict[str, Any]:
     """Runs in a fresh subprocess: one size, trioq first, then the bare drain."""
-    out: dict[str, Any] = run(trioq_drain, "noop", n, workers, limit)
+    out: dict[str, Any] = run(trioq_drain, "noop", n, workers, limit, max_retained, GROWTH_BATCH)
     out["bare_drain_s"] = run(bare_drain, n, workers, False)["drain_s"]
     return out
+
+
+def growth_command(n: int, workers: int, limit: float, max_retained: int = 100_000) -> list[str]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--growth-child", str(n)]
+    return [*command, "--workers", str(workers), "--drain-limit", str(limit), "--max-retained", str(max_retained)]
 
 
 def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int, limit: float) -> None:
@@ -316,9 +337,7 @@ def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int,
             if i >= rounds[n]:
                 continue
             log(f"growth round {i + 1}/{rounds[n]}: {n} jobs (subprocess)")
-            command = [sys.executable, str(Path(__file__).resolve()), "--growth-child", str(n)]
-            command += ["--workers", str(workers), "--drain-limit", str(limit)]
-            results[n].append(run_json(command))
+            results[n].append(run_json(growth_command(n, workers, limit)))
     summary: dict[int, dict[str, Any]] = {}
     for n in sizes:
         rs = results[n]
@@ -362,7 +381,8 @@ def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int,
             line["drained_jobs"] = s["drained"]
         line["method"] = (
             "fresh subprocess per size and round; RSS from /proc/self/statm after gc.collect(), before and after "
-            "enqueue_many (batches of 10,000) into a workers=0 queue on a MemoryStore; drain timed as in noop_drain, "
+            f"enqueue_many (batches of {GROWTH_BATCH:,}) into a workers=0 queue on a MemoryStore; drain timed as in "
+            "noop_drain, "
             f"cut off after {limit:g} s (then rate = jobs succeeded / time); *_gc_share = time in the cyclic GC "
             "(gc.callbacks) / timed span; bare channel drain measured after trioq in the same subprocess"
         )
@@ -380,6 +400,28 @@ def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int,
     flat["target"] = "rates within 20% across sizes (max/min - 1 <= 0.20), < 1024 bytes per job"
     flat["met"] = ok and flat["max_bytes_per_job"] < 1024
     emit(flat)
+    # Where the drain bends: past max_retained every finished job evicts the
+    # oldest one (a dict delete and frees on memory long out of the caches).
+    # The same drain with room to retain every job shows what that costs.
+    largest = sizes[-1]
+    log(f"growth: {largest} jobs with max_retained={largest} (subprocess)")
+    rs = [run_json(growth_command(largest, workers, limit, largest)) for _ in range(rounds[largest])]
+    unbounded = median([r["drained"] / r["drain_s"] for r in rs])
+    emit(
+        {
+            "section": "growth",
+            "metric": "drain_without_eviction",
+            "jobs": largest,
+            "max_retained": largest,
+            "rounds": len(rs),
+            "drain_jobs_per_s": r3(unbounded),
+            f"drain_vs_{sizes[0]}": r3(unbounded / summary[sizes[0]]["drain"]),
+            "default_max_retained_drain_jobs_per_s": r3(summary[largest]["drain"]),
+            "eviction_share": r3(1 - summary[largest]["drain"] / unbounded),
+            "method": "as the growth line of this size, but max_retained = jobs, so no finished job is evicted "
+            "during the drain (a diagnostic, not a target)",
+        }
+    )
 
 
 # --------------------------------------------------------------------- main
@@ -390,10 +432,11 @@ def main() -> None:
     parser.add_argument("--growth-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--drain-limit", type=float, default=math.inf, help=argparse.SUPPRESS)
+    parser.add_argument("--max-retained", type=int, default=100_000, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.growth_child is not None:
-        emit(growth_child(args.growth_child, args.workers, args.drain_limit))
+        emit(growth_child(args.growth_child, args.workers, args.drain_limit, args.max_retained))
         return
 
     quick = args.quick
@@ -409,7 +452,7 @@ def main() -> None:
             section_latency(n=200 if quick else 1_000, workers=16, rounds=3 if not quick else 2)
         elif name == "growth":
             sizes = (1_000, 10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
-            rounds = dict.fromkeys(sizes, 1) if quick else dict.fromkeys(sizes, 3)
+            rounds = dict.fromkeys(sizes, 1) if quick else {10_000: 5, 100_000: 5, 1_000_000: 3}
             section_growth(sizes, rounds, workers=100, limit=5.0 if quick else 60.0)
     log(f"done in {perf_counter() - started:.1f}s")
 
