@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/seed_orchd.py                 # full run, about 2.5 minutes on 2 cores
+    python benchmarks/seed_orchd.py                 # full run, about 3 minutes on 2 cores
     python benchmarks/seed_orchd.py --quick         # smoke test, about 40 s
     python benchmarks/seed_orchd.py --only throughput
 
@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -155,7 +156,7 @@ async def drive_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Submit ``sim`` jobs over HTTP, then poll ``/stats`` until every job is terminal or the bound passes."""
     import httpx
 
-    from trioq._loadgen import LoadResult, sim_jobs, submit
+    from trioq._loadgen import LoadResult, fetch_jobs, sim_jobs, submit
 
     n = spec["jobs"]
     jobs = sim_jobs(n, spec["work_ms"], spec.get("fail_prob", 0.0), spec.get("hang_prob", 0.0))
@@ -182,6 +183,10 @@ async def drive_child(spec: dict[str, Any]) -> dict[str, Any]:
             if elapsed >= spec["bound_s"]:
                 break
             await trio.sleep(spec.get("poll_s", 0.02))
+        # Attempts per job, after the clock stopped: which jobs needed more
+        # than one (a job that hangs twice pays two detections and two backoffs).
+        found = await fetch_jobs(client, list(result.acked), clients=clients) if spec.get("attempts") else {}
+    by_attempts = Counter(job["attempts"] for job in found.values() if job is not None)
     delta = {k: totals[k] - before[k] for k in totals}
     done = delta["succeeded"]
     return {
@@ -198,6 +203,7 @@ async def drive_child(spec: dict[str, Any]) -> dict[str, Any]:
         "retried": delta["retried"],
         "hung": delta["hung"],
         "running_at_end": stats["jobs"]["running"],
+        "jobs_by_attempts": {str(k): by_attempts[k] for k in sorted(by_attempts)},
     }
 
 
@@ -331,7 +337,14 @@ def section_hangs(n: int, workers: int, rounds: dict[str, int], bound_off: float
             log(f"hangs {arm} round {i + 1}/{rounds[arm]}: {n} jobs, hang_prob 0.01, {workers} workers")
             with server(workers, heartbeat_timeout=0.2 if arm == "on" else None) as url:
                 arms[arm].append(
-                    drive(url, jobs=n, work_ms=WORK_MS, hang_prob=0.01, bound_s=bound_off if arm == "off" else bound_on)
+                    drive(
+                        url,
+                        jobs=n,
+                        work_ms=WORK_MS,
+                        hang_prob=0.01,
+                        bound_s=bound_off if arm == "off" else bound_on,
+                        attempts=True,
+                    )
                 )
     for arm, runs in arms.items():
         line: dict[str, Any] = {
@@ -347,6 +360,7 @@ def section_hangs(n: int, workers: int, rounds: dict[str, int], bound_off: float
             "rounds": rounds[arm],
             **_pooled(runs),
             "hung_detected_rounds": [r["hung"] for r in runs],
+            "jobs_by_attempts_rounds": [r["jobs_by_attempts"] for r in runs],
         }
         if arm == "on":
             line["target"] = "completion = 100% in < 2 s"
@@ -355,7 +369,7 @@ def section_hangs(n: int, workers: int, rounds: dict[str, int], bound_off: float
             "fresh `trioq serve` (WAL, fsync always) per round; off: no --heartbeat-timeout, on: "
             "--heartbeat-timeout 0.2; a separate driver process posts /jobs/batch (50 per request, 8 clients) and "
             "polls /stats every 20 ms until succeeded + dead = submitted or the bound; time = first submit to that "
-            "point; 'met' needs every round"
+            "point; 'met' needs every round; jobs_by_attempts: attempts -> jobs, fetched after the timing"
         )
         emit(line)
 

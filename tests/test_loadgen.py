@@ -51,3 +51,10 @@ async def test_a_refused_stats_request_is_an_error_not_a_wait(autojump_clock: tr
         with pytest.raises(RuntimeError, match="401"):
             await wait_drained(client, timeout=60)
     assert len(polls) == 1
+
+
+async def test_poll_bounds_are_checked() -> None:
+    async with httpx.AsyncClient(base_url="http://t") as client:
+        for low, high in ((0.0, 0.5), (-1.0, 0.5), (0.2, 0.1)):
+            with pytest.raises(ValueError, match="min_poll"):
+                await wait_drained(client, timeout=1, min_poll=low, max_poll=high)

@@ -359,6 +359,22 @@ async def test_bad_input_gets_specific_errors() -> None:
                 [JobSpec("send", {"to": "a"}, delay=2), JobSpec("send", {"to": "a"}, priority="1")]
             )
         assert excinfo.value.field == "jobs[1].priority"
+        with pytest.raises(trioq.InvalidJob) as excinfo:
+            await queue.enqueue_many([JobSpec("send", {"to": "a"}), JobSpec("send")])
+        assert excinfo.value.field == "jobs[1].payload"
+        assert "jobs[1]." in str(excinfo.value) and "'to'" in str(excinfo.value)
+        # JSON allows these, the store's encoding does not: refused, and nothing
+        # of the batch is added.
+        for bad in (2**64, -(2**63) - 1, 10**5000, "\ud800"):
+            with pytest.raises(trioq.InvalidJob) as excinfo:
+                await queue.enqueue_many([JobSpec("send", {"to": "a"}), JobSpec("send", {"to": "a", "subject": bad})])
+            assert excinfo.value.field == "jobs[1].payload", bad
+            with pytest.raises(trioq.InvalidJob) as excinfo:
+                await queue.enqueue("send", {"to": bad})
+            assert excinfo.value.field == "payload", bad
+        largest = await queue.enqueue("send", {"to": "a", "subject": 2**64 - 1})
+        assert largest.payload["subject"] == 2**64 - 1
+        await queue.cancel(largest.id)
         assert (await queue.stats())["jobs"]["ready"] == 0
         with pytest.raises(trioq.JobNotFound):
             await queue.get("no-such-id")

@@ -93,12 +93,15 @@ async def wait_drained(
 ) -> dict[str, Any]:
     """Poll ``/stats`` until nothing is ready, scheduled or running; returns the stats.
 
-    The pause between polls is half the time the rest should take at the rate
-    seen so far (between ``min_poll`` and ``max_poll``): few requests while a
-    long drain runs, each of which costs the server a wake-up in the middle
-    of its jobs, and polls ``min_poll`` apart as the end nears, so the drain
-    is seen at most about that late.
+    The pause between polls is half the time the rest should take at the
+    average rate since the first poll (between ``min_poll`` and ``max_poll``):
+    few requests while a long drain runs, each of which costs the server a
+    wake-up in the middle of its jobs, and polls ``min_poll`` apart as the end
+    nears, so a steady drain is seen about that late. One that speeds up
+    (scheduled jobs coming due late) may be seen up to ``max_poll`` late.
     """
+    if not 0 < min_poll <= max_poll:
+        raise ValueError(f"need 0 < min_poll <= max_poll, got {min_poll!r} and {max_poll!r}")
     first: tuple[float, int] | None = None
     with trio.fail_after(timeout):
         while True:

@@ -173,18 +173,24 @@ class Job:
 #: Types whose values always survive a JSON round trip (exact types: a
 #: subclass such as an ``IntEnum`` takes the full check).
 _PLAIN = frozenset({str, int, bool, type(None)})
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
 def check_json(value: Any, *, what: str) -> None:
     """Raise :class:`InvalidJob` unless ``value`` survives a JSON round trip.
 
-    A flat dict of strings, ints, bools, ``None`` and finite floats under
-    string keys (the common payload) is checked without encoding it.
+    A flat dict of strings, 64-bit ints, bools, ``None`` and finite floats
+    under string keys (the common payload) is checked without encoding it.
     """
     if type(value) is dict:
         for k, v in value.items():
             t = type(v)
-            if type(k) is not str or (t not in _PLAIN and (t is not float or not math.isfinite(v))):
+            if type(k) is not str:
+                break
+            if t in _PLAIN:
+                if t is int and not _INT_MIN <= v <= _INT_MAX:
+                    break  # json.dumps refuses ints of over 4,300 digits
+            elif t is not float or not math.isfinite(v):
                 break
         else:
             return

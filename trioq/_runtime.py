@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from ._model import InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
-from ._registry import Registry
+from ._registry import Registry, TaskDef
 from ._worker import Totals, WorkerPool, _without_cancelled
 from .stores._base import NewJob, Store, StoreConfig
 from .stores.memory import MemoryStore
@@ -48,13 +48,21 @@ def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
     return float(value)
 
 
-def _optional_int(name: str, value: Any, *, minimum: int | None = None) -> int | None:
-    if value is None:
-        return None
+def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise InvalidJob(f"{name} must be an integer{bound}, got {value!r}", field=name)
     return value
+
+
+def _check_arguments(definition: TaskDef, payload: dict[str, Any], index: int | None) -> None:
+    """:meth:`TaskDef.check_payload`, its error naming the job of a batch (``jobs[3].payload``)."""
+    try:
+        definition.check_payload(payload)
+    except InvalidJob as exc:
+        if index is None:
+            raise
+        raise InvalidJob(f"{_where(index)}{exc}", field=f"{_where(index)}{exc.field}") from None
 
 
 def _where(index: int | None) -> str:
@@ -145,9 +153,10 @@ class Queue:
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
         faults = self._faults
-        # Shielded: the jobs are in the table once the store call starts; a
-        # cancel while their record is on its way to the disk must not skip
-        # waking the workers (the caller is cancelled at its next checkpoint).
+        # Shielded: once the store call starts the jobs may be in the table
+        # (and running); a cancel while their record is on its way to the
+        # disk must not hide an add that happened. The caller is cancelled at
+        # its next checkpoint.
         with trio.CancelScope(shield=True):
             if faults is None:
                 jobs = await self.store.add(new, max_pending=self._max_ready)
@@ -183,9 +192,9 @@ class Queue:
                     f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
                 )
             check_json(payload, what=f"{_where(index)}payload")
-            definition.check_payload(payload)
+            _check_arguments(definition, payload, index)
         elif definition.required:
-            definition.check_payload(payload)
+            _check_arguments(definition, payload, index)
         delay = spec.delay
         if not (type(delay) is float and 0.0 <= delay < math.inf):
             delay = _number(f"{_where(index)}delay", delay)
@@ -193,12 +202,12 @@ class Queue:
         if priority is None:
             priority = definition.priority
         elif type(priority) is not int:
-            priority = _optional_int(f"{_where(index)}priority", priority)
+            priority = _int(f"{_where(index)}priority", priority)
         max_attempts = spec.max_attempts
         if max_attempts is None:
             max_attempts = definition.max_attempts
         elif type(max_attempts) is not int or max_attempts < 1:
-            max_attempts = _optional_int(f"{_where(index)}max_attempts", max_attempts, minimum=1)
+            max_attempts = _int(f"{_where(index)}max_attempts", max_attempts, minimum=1)
         key = spec.key
         if key is not None and (not isinstance(key, str) or not key):
             where = _where(index)

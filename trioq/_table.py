@@ -28,7 +28,7 @@ import msgspec
 from ._model import InvalidJob, Job, JobNotFound, JobState
 from ._ready import CHUNK, Fifo, ReadyQueue
 
-__all__ = ["Entry", "JobTable"]
+__all__ = ["Entry", "JobTable", "pack_payload", "raw_payload"]
 
 _READY = JobState.READY
 _SCHEDULED = JobState.SCHEDULED
@@ -633,6 +633,26 @@ class JobTable:
 _encode = msgspec.msgpack.Encoder().encode
 _EMPTY_MAP = _encode({})
 _decode = msgspec.msgpack.Decoder().decode
+
+
+def pack_payload(payload: dict[str, Any], *, field: str = "payload") -> bytes:
+    """``payload`` as the msgpack bytes an entry keeps (``b""`` when empty).
+
+    Raises :class:`~trioq.InvalidJob` naming ``field`` for values JSON allows
+    but msgpack cannot hold (ints beyond 64 bits, strings with lone
+    surrogates): stores call this for a whole batch before changing anything.
+    """
+    if not payload:
+        return b""
+    try:
+        return _encode(payload)
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+        raise InvalidJob(f"{field} cannot be stored: {exc}", field=field) from None
+
+
+def raw_payload(packed: bytes) -> msgspec.Raw:
+    """Packed payload bytes to embed, unencoded, in a log record (as ADD records carry them)."""
+    return msgspec.Raw(packed or _EMPTY_MAP)
 
 
 def _pack(payload: dict[str, Any]) -> bytes:

@@ -99,9 +99,12 @@ class Store(Protocol):
         """Insert ``jobs`` all or nothing; existing idempotency keys return their job.
 
         Raises :class:`~trioq.QueueFull` (inserting none) if the new jobs would
-        take ready plus scheduled jobs past ``max_pending``. Returns once the
-        jobs are durable; a worker may claim them before that (a job that
-        runs and is then lost to a crash was never acknowledged to anyone).
+        take ready plus scheduled jobs past ``max_pending``, and
+        :class:`~trioq.InvalidJob` (inserting none) for a payload the store
+        cannot hold. Returns once the jobs are durable; a worker may claim
+        them before that (a job that runs and is then lost to a crash was
+        never acknowledged to anyone). If making them durable fails, ``add``
+        raises, yet the jobs may already have run.
         """
         ...
 

@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from .._model import Job, JobState, QueueFull, SimulatedCrash
-from .._table import Entry, JobTable
+from .._table import Entry, JobTable, pack_payload, raw_payload
 from ._base import CancelResult, IdMaker, NewJob, StoreConfig
 
 __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEED", "TableStore"]
@@ -87,19 +87,30 @@ class TableStore:
                     f"queue is full: {table.pending} jobs waiting, max_ready={max_pending}; retry later",
                     retry_after=1.0,
                 )
+        # Encode every payload before the table changes: all or nothing.
+        if len(jobs) == 1:
+            packed = [pack_payload(jobs[0].payload)]
+        else:
+            packed = [pack_payload(j.payload, field=f"jobs[{i}].payload") for i, j in enumerate(jobs)]
         out: list[Job] = []
         ready = 0
         scheduled: list[float] = []
         record = self._record
-        for j in jobs:
+        logs = self.logs
+        for j, blob in zip(jobs, packed, strict=True):
             job_id = self._ids()
-            job, created = table.add(job_id, j.task, j.payload, j.priority, j.key, j.max_attempts, j.run_at, now)
-            if created:
-                record(ADD, (job_id, j.task, j.payload, j.priority, j.key, j.max_attempts, j.run_at, now))
-                if job.state is JobState.READY:
-                    ready += 1
-                else:
-                    scheduled.append(job.run_at)
+            existing = table.add_packed(job_id, j.task, blob, j.priority, j.key, j.max_attempts, j.run_at, now)
+            if existing is not None:
+                out.append(table.get(existing))
+                continue
+            if logs:
+                fields = (job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, j.run_at, now)
+                record(ADD, fields)
+            job = table.entry(job_id).snapshot(j.payload)
+            if job.state is JobState.READY:
+                ready += 1
+            else:
+                scheduled.append(job.run_at)
             out.append(job)
         # Workers hear of the jobs now, not once they are durable (busy ones
         # could claim them anyway): an idle worker starts a job a whole fsync
