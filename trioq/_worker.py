@@ -130,12 +130,10 @@ class WorkerPool:
         self._watch_at = math.inf
         self._watch_scope: trio.CancelScope | None = None
         self._fatal: Exception | None = None
-        self._unacked: list[str] = []
         #: Called as ``observer(task, queue_wait_s, run_s)`` after each attempt.
         self.observers: list[Callable[[str, float, float], None]] = []
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
-        self._ack_wake = trio.Event()
         self._fatal_notes: set[str] = set()
         #: A fault plan applied to this queue's attempts (trioq.testing), if any.
         self.faults: FaultSession | None = None
@@ -148,7 +146,6 @@ class WorkerPool:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._watch_loop)
-                nursery.start_soon(self._ack_loop)
                 for slot in range(self.size):
                     nursery.start_soon(self._work, slot)
                 if self.size == 0:
@@ -394,16 +391,11 @@ class WorkerPool:
                     error = error_text(exc)
             if error is None:
                 # The worker moves on without waiting for the record to be
-                # durable (its next claim overlaps the fsync); whoever waits
-                # for this job hears of it only once it is (see _ack_loop).
+                # durable; the log commits it with others, soon. Whoever is
+                # told of the outcome (Queue.wait, Queue.join) syncs first.
                 if await self._store.succeed(job.id, job.epoch, result, durable=False):
                     self._totals.succeeded += 1
-                    if self._store.unsynced():
-                        self._unacked.append(job.id)
-                        if not self._ack_wake.is_set():
-                            self._ack_wake.set()
-                    else:
-                        self._on_outcome(job.id, True)
+                    self._on_outcome(job.id, True)
             else:
                 await self._fail(job, task, error)
         finally:
@@ -423,19 +415,6 @@ class WorkerPool:
         else:
             self._totals.retried += 1
         self._on_outcome(failed.id, failed.state is JobState.DEAD)
-
-    async def _ack_loop(self) -> None:
-        """Announce successes once the store says they are durable, a group at a time."""
-        try:
-            while True:
-                await self._ack_wake.wait()
-                self._ack_wake = trio.Event()
-                done, self._unacked = self._unacked, []
-                await self._store.sync()
-                for job_id in done:
-                    self._on_outcome(job_id, True)
-        except Exception as exc:
-            self._crash(exc)
 
     # -------------------------------------------------------------- watcher
 

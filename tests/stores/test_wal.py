@@ -691,6 +691,54 @@ async def _noop(ctx: trioq.JobContext, i: int) -> None:
     pass
 
 
+def _after_kill(path: Path, into: Path) -> JobTable:
+    """The table a restart would rebuild if the process died now."""
+    table = JobTable(max_retained=sys.maxsize)
+    replay(str(crash_copy(path, into)), table)
+    return table
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval", "never"])
+async def test_records_nobody_waits_for_are_committed_within_the_lazy_delay(
+    tmp_path: Path, fsync: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A worker's claim and success (durable=False) start no commit of their
+    # own: they join the next one, which comes LAZY_COMMIT_DELAY later at the
+    # latest, or at once when someone syncs or a record someone waits for
+    # arrives. A crash in between re-runs the job; it never loses one.
+    clock = Clock()
+    path = tmp_path / "wal"
+    delay = _writer.LAZY_COMMIT_DELAY
+    async with opened(path, clock, fsync=fsync) as store:
+        writer = store._writer
+        assert writer is not None
+        [job] = await store.add([new_job(clock)])
+        before = writer.records_written
+        claimed = await claim(store)
+        assert await store.succeed(claimed.id, claimed.epoch, "ok", durable=False)
+        await trio.sleep(delay / 2)
+        assert writer.records_written == before and store.unsynced()
+        assert _after_kill(path, tmp_path / "early").get(job.id).state is JobState.READY  # runs again
+        await trio.sleep(delay)
+        assert writer.records_written == before + 2 and not store.unsynced()  # claim + success
+        assert _after_kill(path, tmp_path / "late").get(job.id).state is JobState.SUCCEEDED
+
+        # sync() commits lazy records at once ...
+        [second, third] = await store.add([new_job(clock), new_job(clock)])
+        claimed = await claim(store)
+        assert await store.succeed(claimed.id, claimed.epoch, "ok", durable=False)
+        started = trio.current_time()
+        await store.sync()
+        assert trio.current_time() == started and not store.unsynced()
+        # ... and so does a record someone waits for (it carries them along).
+        claimed = await claim(store)
+        assert await store.succeed(claimed.id, claimed.epoch, "ok", durable=False)
+        await store.add([new_job(clock)])
+        assert trio.current_time() == started and not store.unsynced()
+        table = _after_kill(path, tmp_path / "carried")
+        assert table.get(second.id).state is table.get(third.id).state is JobState.SUCCEEDED
+
+
 # -------------------------------------------------- property: cut anywhere
 
 

@@ -40,8 +40,13 @@ class TableStore:
 
     # Hooks ---------------------------------------------------------------
 
-    def _record(self, kind: int, fields: tuple[Any, ...]) -> None:
-        """Log one applied transition (synchronously; no await between apply and this)."""
+    def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> None:
+        """Log one applied transition (synchronously; no await between apply and this).
+
+        ``lazy``: nobody waits for this record yet (a claim, a success the
+        worker does not wait for); the log may hold it back for a while, to
+        commit it with others (see ``LogWriter.append``).
+        """
 
     async def _flush(self) -> None:
         """Until every record so far is as durable as the store promises."""
@@ -131,7 +136,7 @@ class TableStore:
         if entry is None:
             return None
         if self.logs:
-            self._record(CLAIM, (entry.id,))
+            self._record(CLAIM, (entry.id,), lazy=True)
         return entry.snapshot()  # not flushed: see Store.claim
 
     async def heartbeat(self, job_id: str, epoch: int) -> bool:
@@ -144,7 +149,7 @@ class TableStore:
         if table.succeed(job_id, epoch, result, now) is None:
             return False
         if self.logs:
-            self._record(SUCCEED, (job_id, epoch, result, now))
+            self._record(SUCCEED, (job_id, epoch, result, now), lazy=not durable)
         if durable:
             await self._flush()
         return True

@@ -59,6 +59,9 @@ SYNC_INTERVAL = 0.005
 INLINE_SYNC_MAX = 0.0005
 #: Bytes zero-filled ahead of the records at a time with ``fsync="always"``.
 PREALLOC_STEP = 1 << 20
+#: How long records nobody waits for (a worker's claim and success) may wait
+#: for a commit; see :meth:`LogWriter.append`.
+LAZY_COMMIT_DELAY = 0.05
 
 
 def virtual_time() -> bool:
@@ -127,6 +130,10 @@ class LogWriter:
         self._export = export
         self._live = live
         self._pending: list[bytes] = []
+        #: Whether every pending record is lazy (nobody waits for them yet),
+        #: and since when some have been waiting.
+        self._lazy_only = False
+        self._lazy_since = 0.0
         self._batch = _Batch()
         self._inflight: _Batch | None = None
         self._wake = trio.Event()
@@ -159,13 +166,32 @@ class LogWriter:
 
     # ------------------------------------------------------------- callers
 
-    def append(self, data: bytes) -> None:
-        """Queue one encoded record for the next group commit."""
+    def append(self, data: bytes, *, lazy: bool = False) -> None:
+        """Queue one encoded record for the next group commit.
+
+        A ``lazy`` record (one nobody waits for yet: a worker's claim or
+        success) does not start a commit: it joins the next one, which comes
+        at the latest :data:`LAZY_COMMIT_DELAY` later, or as soon as a record
+        that is not lazy arrives or someone calls :meth:`flush`. Each commit
+        syncs (``"always"``), and a sync on this machine's disk blocks the
+        event loop ~0.2-0.4 ms: one per finished job would cost every
+        sleeping job a late wake-up (see docs/benchmarks.md).
+        """
         if self._closing:
             if self._killed is not None:
                 raise type(self._killed)(str(self._killed))
             raise RuntimeError("the WAL writer is closed")
-        self._pending.append(data)
+        pending = self._pending
+        if lazy:
+            if not pending:
+                self._lazy_only = True
+                self._lazy_since = trio.current_time()
+                if not self._wake.is_set():
+                    self._wake.set()  # the writer sets its deadline
+            pending.append(data)
+            return
+        pending.append(data)
+        self._lazy_only = False
         if not self._wake.is_set():
             self._wake.set()
 
@@ -173,6 +199,10 @@ class LogWriter:
         """Until every record appended so far is committed (written; synced with "always")."""
         if self._pending:
             batch = self._batch
+            if self._lazy_only:
+                self._lazy_only = False
+                if not self._wake.is_set():
+                    self._wake.set()
         elif self._inflight is not None:
             batch = self._inflight
         else:
@@ -236,6 +266,17 @@ class LogWriter:
                 return  # a simulated crash: not one more byte (inline I/O runs before any checkpoint)
             if self._checkpoint_wanted is not None:
                 await self._checkpoint_on_request()
+                continue
+            if self._lazy_only and self._pending and not self._closing:
+                # Only lazy records: commit them by their deadline, or sooner
+                # if woken (a record someone waits for, a flush, a close).
+                self._wake = trio.Event()
+                deadline = self._lazy_since + LAZY_COMMIT_DELAY
+                if self._dirty and self.fsync == "interval":
+                    deadline = min(deadline, self._last_sync + SYNC_INTERVAL)  # its own promise
+                with trio.move_on_at(deadline):
+                    await self._wake.wait()
+                self._lazy_only = False
                 continue
             if not self._pending:
                 if self._closing:
@@ -338,6 +379,7 @@ class LogWriter:
             return
         frames, batch = self._pending, self._batch
         self._pending, self._batch = [], _Batch()
+        self._lazy_only = False
         self._inflight = batch
         self._batch_no += 1
         frames.append(commit_frame(self._batch_no))

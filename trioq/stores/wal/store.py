@@ -142,19 +142,19 @@ class WALStore(TableStore):
             self._table = self._config = None
             lock.release()
 
-    def _record(self, kind: int, fields: tuple[Any, ...]) -> None:
-        self._append(frame(kind, fields))
+    def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> None:
+        self._append(frame(kind, fields), lazy)
         if self._drops:
             drops = self._drops[:]  # the table appends to this very list
             self._drops.clear()
             for job_id in drops:
-                self._append(frame(DROP, (job_id,)))
+                self._append(frame(DROP, (job_id,)), lazy)
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes, lazy: bool = False) -> None:
         """Hand one record to the writer and count it; the armed crash strikes at its record."""
         writer = self._writer
         assert writer is not None
-        writer.append(data)
+        writer.append(data, lazy=lazy)
         self.records_appended += 1
         if self._crash_at is not None and self.records_appended >= self._crash_at:
             self._crash()
