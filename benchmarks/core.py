@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/core.py            # full run, about 4 minutes on 2 cores
+    python benchmarks/core.py            # full run, about 2.5 minutes on 2 cores
     python benchmarks/core.py --quick    # smoke test, well under 20 seconds
     python benchmarks/core.py --only latency
 
