@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -396,6 +397,29 @@ async def test_result_that_is_not_json_fails_the_attempt(autojump_clock: trio.te
         final = await queue.wait(job.id)
     assert final.state is JobState.DEAD
     assert final.error is not None and "JSON" in final.error
+
+
+@pytest.mark.parametrize("kind", ["memory", "wal"])
+async def test_a_result_the_store_cannot_hold_fails_the_attempt_not_the_queue(
+    kind: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # JSON takes these; msgpack (the table and the log) does not. They used to
+    # reach the WAL's encoder after the table had changed, and the store error
+    # stopped every worker.
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def returns(ctx: trioq.JobContext, which: int) -> object:
+        return [2**64, "\ud800", {"n": -(2**63) - 1}, "fine"][which]
+
+    store = trioq.MemoryStore() if kind == "memory" else trioq.WALStore(tmp_path / "wal", fsync="always")
+    async with trioq.open_queue(registry, store=store, workers=2) as queue:
+        jobs = await queue.enqueue_many([JobSpec("returns", {"which": i}) for i in range(4)])
+        finals = [await queue.wait(job.id) for job in jobs]
+    assert [f.state for f in finals] == [JobState.DEAD] * 3 + [JobState.SUCCEEDED]
+    for final in finals[:3]:
+        assert final.error is not None and "result cannot be stored" in final.error
+    assert finals[3].result == "fine"
 
 
 async def test_wait_times_out_with_timeout_error(autojump_clock: trio.testing.MockClock) -> None:

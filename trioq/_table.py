@@ -28,7 +28,7 @@ import msgspec
 from ._model import InvalidJob, Job, JobNotFound, JobState
 from ._ready import CHUNK, Fifo, ReadyQueue
 
-__all__ = ["Entry", "JobTable", "pack_payload", "raw_payload"]
+__all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
 
 _READY = JobState.READY
 _SCHEDULED = JobState.SCHEDULED
@@ -102,7 +102,7 @@ class Entry(msgspec.Struct, gc=False, eq=False):
             self.run_at,
             self.created_at,
             self.finished_at,
-            self.result,
+            _decode(self.result) if type(self.result) is bytes else self.result,
             self.error,
         )
 
@@ -331,12 +331,17 @@ class JobTable:
         return entry
 
     def succeed(self, job_id: str, epoch: int, result: Any, now: float) -> Entry | None:
-        """Record a successful attempt; ``None`` if ``epoch`` is stale (result discarded)."""
+        """Record a successful attempt; ``None`` if ``epoch`` is stale (result discarded).
+
+        Raises :class:`~trioq.InvalidJob`, changing nothing, for a result the
+        table cannot keep (see :func:`stored_result`).
+        """
         entry = self._running(job_id, epoch)
         if entry is None:
             return None
+        stored = stored_result(result)
         entry.attempts += 1
-        entry.result = result
+        entry.result = stored
         entry.error = None
         self._finish(entry, _SUCCEEDED, now)
         return entry
@@ -548,7 +553,7 @@ class JobTable:
         entry.attempts = attempts
         entry.epoch = epoch
         entry.finished_at = finished_at
-        entry.result = result
+        entry.result = stored_result(result)
         entry.error = error
         self._jobs[job_id] = entry
         if key is not None:
@@ -648,6 +653,44 @@ def pack_payload(payload: dict[str, Any], *, field: str = "payload") -> bytes:
         return _encode(payload)
     except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
         raise InvalidJob(f"{field} cannot be stored: {exc}", field=field) from None
+
+
+#: Results an entry keeps as they are: immutable, and msgpack holds them.
+_KEPT_AS_IS = frozenset({type(None), bool, float})
+
+
+def stored_result(result: Any) -> Any:
+    """The form in which an entry keeps a job's result.
+
+    ``None``, bools, floats, 64-bit ints and strings are kept as they are
+    (immutable); anything else as msgpack bytes, which every snapshot decodes
+    into its own copy, so neither the handler (still holding what it
+    returned) nor a caller (mutating ``job.result``) can change what the
+    table and its log say. Results are JSON values, never bytes, so bytes
+    here always mean packed. Raises :class:`~trioq.InvalidJob` for what
+    msgpack cannot hold (ints beyond 64 bits, strings with lone surrogates).
+    """
+    kind = type(result)
+    if kind in _KEPT_AS_IS:
+        return result
+    try:
+        if kind is int:
+            if -(2**63) <= result < 2**64:
+                return result
+            _encode(result)  # raises
+        elif kind is str:
+            result.encode()  # raises on a lone surrogate
+            return result
+        elif kind is bytes:  # packed already (a checkpoint's row being restored)
+            return result
+        return _encode(result)
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+        raise InvalidJob(f"result cannot be stored: {exc}", field="result") from None
+
+
+def log_result(stored: Any) -> Any:
+    """A stored result as a log record embeds it (packed bytes go in unencoded)."""
+    return msgspec.Raw(stored) if type(stored) is bytes else stored
 
 
 def raw_payload(packed: bytes) -> msgspec.Raw:

@@ -24,7 +24,7 @@ import trio
 
 from ._context import Attempt, JobContext
 from ._executors import ProcessRunner, ThreadRunner
-from ._model import Backoff, Job, JobState, check_json, error_text
+from ._model import Backoff, InvalidJob, Job, JobState, check_json, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
 
@@ -393,10 +393,15 @@ class WorkerPool:
                 # The worker moves on without waiting for the record to be
                 # durable; the log commits it with others, soon. Whoever is
                 # told of the outcome (Queue.wait, Queue.join) syncs first.
-                if await self._store.succeed(job.id, job.epoch, result, durable=False):
-                    self._totals.succeeded += 1
-                    self._on_outcome(job.id, True)
-            else:
+                try:
+                    succeeded = await self._store.succeed(job.id, job.epoch, result, durable=False)
+                except InvalidJob as exc:  # a result the store cannot hold: nothing changed
+                    error = error_text(exc)
+                else:
+                    if succeeded:
+                        self._totals.succeeded += 1
+                        self._on_outcome(job.id, True)
+            if error is not None:
                 await self._fail(job, task, error)
         finally:
             if self._cancelled_claims:

@@ -285,6 +285,39 @@ async def test_succeed(store: Store, store_factory: StoreFactory) -> None:
     assert await store.counts() == zero_counts(succeeded=1)
 
 
+async def test_a_result_is_kept_as_a_copy_and_survives_a_reopen(store_factory: StoreFactory) -> None:
+    first_store = store_factory()
+    returned = {"sent": [1, 2], "to": "a@b.c"}
+    async with store_factory.session(first_store) as store:
+        await store.add([store_factory.job()])
+        claimed = await claim_one(store)
+        assert await store.succeed(claimed.id, claimed.epoch, returned, durable=False) is True
+        returned["sent"].append(3)  # the handler still holds what it returned
+        seen = await store.get(claimed.id)
+        assert seen.result == {"sent": [1, 2], "to": "a@b.c"}
+        seen.result["to"] = "changed"  # nor can a caller change it through a snapshot
+        assert (await store.get(claimed.id)).result == {"sent": [1, 2], "to": "a@b.c"}
+        await store.sync()
+    async with store_factory.session(store_factory.reopen(first_store)) as store:
+        assert (await store.get(claimed.id)).result == {"sent": [1, 2], "to": "a@b.c"}
+
+
+@pytest.mark.parametrize("result", [2**64, -(2**63) - 1, "\ud800", {"n": 2**70}])
+async def test_a_result_the_store_cannot_hold_is_refused_and_changes_nothing(
+    store: Store, store_factory: StoreFactory, result: object
+) -> None:
+    await store.add([store_factory.job()])
+    claimed = await claim_one(store)
+    with pytest.raises(InvalidJob, match="result cannot be stored") as excinfo:
+        await store.succeed(claimed.id, claimed.epoch, result)
+    assert excinfo.value.field == "result"
+    assert (await store.get(claimed.id)).state is JobState.RUNNING
+    assert await store.counts() == zero_counts(running=1)
+    # The attempt can still end otherwise (the runtime fails it with that error).
+    assert await store.fail(claimed.id, claimed.epoch, "InvalidJob: result cannot be stored", 0.0) is not None
+    assert await store.succeed(claimed.id, claimed.epoch, 2**64 - 1) is False  # stale epoch now
+
+
 async def _requeued(store: Store, store_factory: StoreFactory) -> tuple[Job, Job]:
     """A job claimed, released and claimed again: (old attempt, current attempt)."""
     await store.add([store_factory.job()])

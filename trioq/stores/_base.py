@@ -126,7 +126,9 @@ class Store(Protocol):
         """Record success; ``False`` (and nothing changes) if the epoch is stale.
 
         Returns a flag, not a snapshot: this is the hottest call of a drain, and
-        the caller knows the outcome already. With ``durable=False`` it may
+        the caller knows the outcome already. Raises
+        :class:`~trioq.InvalidJob`, changing nothing, for a result the store
+        cannot hold (the caller then fails the attempt with that error). With ``durable=False`` it may
         return before the record is durable; call :meth:`sync` before telling
         anyone the job succeeded.
         """

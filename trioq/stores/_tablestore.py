@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from .._model import Job, JobState, QueueFull, SimulatedCrash
-from .._table import Entry, JobTable, pack_payload, raw_payload
+from .._table import Entry, JobTable, log_result, pack_payload, raw_payload
 from ._base import CancelResult, IdMaker, NewJob, StoreConfig
 
 __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEED", "TableStore"]
@@ -146,10 +146,11 @@ class TableStore:
     async def succeed(self, job_id: str, epoch: int, result: Any, *, durable: bool = True) -> bool:
         table, config = self._open()
         now = config.clock()
-        if table.succeed(job_id, epoch, result, now) is None:
+        entry = table.succeed(job_id, epoch, result, now)
+        if entry is None:
             return False
         if self.logs:
-            self._record(SUCCEED, (job_id, epoch, result, now), lazy=not durable)
+            self._record(SUCCEED, (job_id, epoch, log_result(entry.result), now), lazy=not durable)
         if durable:
             await self._flush()
         return True
