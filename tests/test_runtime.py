@@ -408,18 +408,23 @@ async def test_a_result_the_store_cannot_hold_fails_the_attempt_not_the_queue(
     # stopped every worker.
     registry = trioq.Registry()
 
+    deep: list[object] = []
+    for _ in range(5000):
+        deep = [deep]
+
     @registry.task(max_attempts=1)
     async def returns(ctx: trioq.JobContext, which: int) -> object:
-        return [2**64, "\ud800", {"n": -(2**63) - 1}, "fine"][which]
+        return [2**64, "\ud800", {"n": -(2**63) - 1}, deep, "fine"][which]
 
     store = trioq.MemoryStore() if kind == "memory" else trioq.WALStore(tmp_path / "wal", fsync="always")
     async with trioq.open_queue(registry, store=store, workers=2) as queue:
-        jobs = await queue.enqueue_many([JobSpec("returns", {"which": i}) for i in range(4)])
+        jobs = await queue.enqueue_many([JobSpec("returns", {"which": i}) for i in range(5)])
         finals = [await queue.wait(job.id) for job in jobs]
-    assert [f.state for f in finals] == [JobState.DEAD] * 3 + [JobState.SUCCEEDED]
+    assert [f.state for f in finals] == [JobState.DEAD] * 4 + [JobState.SUCCEEDED]
     for final in finals[:3]:
         assert final.error is not None and "result cannot be stored" in final.error
-    assert finals[3].result == "fine"
+    assert finals[3].error is not None and "recursion" in finals[3].error
+    assert finals[4].result == "fine"
 
 
 async def test_wait_times_out_with_timeout_error(autojump_clock: trio.testing.MockClock) -> None:

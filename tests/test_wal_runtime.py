@@ -56,18 +56,20 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
             assert done.state is JobState.SUCCEEDED
             seen = _crash_copy(wal, tmp_path / "after-wait")
             assert seen.get(job.id).state is JobState.SUCCEEDED and seen.get(job.id).result == 1
-            # wait() called once the table already shows the success, while its
-            # record is still on the way to the disk, returns only after it lands.
+            # wait() and get() called once the table already shows the success,
+            # while its record is still on the way to the disk (or waiting for a
+            # commit), return it only after it lands.
             raced = 0
             for attempt in range(10):
                 late = await queue.enqueue("quick", {"n": 2})
-                while (await queue.get(late.id)).state is not JobState.SUCCEEDED:
+                while (await queue.store.get(late.id)).state is not JobState.SUCCEEDED:
                     await trio.lowlevel.checkpoint()
                 raced += queue.store.unsynced()
-                assert (await queue.wait(late.id)).state is JobState.SUCCEEDED
-                seen = _crash_copy(wal, tmp_path / f"after-late-wait-{attempt}")
-                assert seen.get(late.id).state is JobState.SUCCEEDED
-            assert raced, "the success was always durable before wait() was called: nothing tested"
+                reader = queue.wait if attempt % 2 else queue.get
+                assert (await reader(late.id)).state is JobState.SUCCEEDED
+                seen = _crash_copy(wal, tmp_path / f"after-late-{reader.__name__}-{attempt}")
+                assert seen.get(late.id).state is JobState.SUCCEEDED, reader.__name__
+            assert raced >= 2, "the success was durable before wait()/get() was called: nothing tested"
             jobs = await queue.enqueue_many([trioq.JobSpec("quick", {"n": n}) for n in range(50)])
             await queue.join()
             seen = _crash_copy(wal, tmp_path / "after-join")

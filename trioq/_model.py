@@ -196,7 +196,7 @@ def check_json(value: Any, *, what: str) -> None:
             return
     try:
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"{what} must be JSON-serialisable: {exc}", field=what) from None
 
 

@@ -217,9 +217,17 @@ class Queue:
     # ------------------------------------------------------------- querying
 
     async def get(self, job_id: str) -> Job:
-        """The job's current snapshot; raises :class:`~trioq.JobNotFound`."""
+        """The job's current snapshot; raises :class:`~trioq.JobNotFound`.
+
+        A terminal job is returned once its outcome is durable (as with
+        :meth:`wait`): a worker's success waits for a commit of the log, and
+        a caller told "succeeded" must not see the job run again after a crash.
+        """
         await trio.lowlevel.checkpoint()
-        return await self.store.get(job_id)
+        job = await self.store.get(job_id)
+        if job.state.terminal and self.store.unsynced():
+            await self.store.sync()
+        return job
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Return the job once it is terminal (succeeded, dead or cancelled) and, with a

@@ -553,7 +553,8 @@ class JobTable:
         entry.attempts = attempts
         entry.epoch = epoch
         entry.finished_at = finished_at
-        entry.result = stored_result(result)
+        # A checkpoint's row holds a non-scalar result packed already.
+        entry.result = result if type(result) is bytes else stored_result(result)
         entry.error = error
         self._jobs[job_id] = entry
         if key is not None:
@@ -651,7 +652,7 @@ def pack_payload(payload: dict[str, Any], *, field: str = "payload") -> bytes:
         return b""
     try:
         return _encode(payload)
-    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"{field} cannot be stored: {exc}", field=field) from None
 
 
@@ -681,10 +682,10 @@ def stored_result(result: Any) -> Any:
         elif kind is str:
             result.encode()  # raises on a lone surrogate
             return result
-        elif kind is bytes:  # packed already (a checkpoint's row being restored)
-            return result
+        elif kind is bytes:
+            raise TypeError("bytes are not a JSON value")
         return _encode(result)
-    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"result cannot be stored: {exc}", field="result") from None
 
 
@@ -709,7 +710,11 @@ def _unpack(blob: bytes) -> dict[str, Any]:
 
 
 def _row(e: Entry) -> tuple[Any, ...]:
-    """An entry as the fields of :meth:`JobTable.restore` (and of a WAL ENTRY record)."""
+    """An entry as the fields of :meth:`JobTable.restore` (and of a WAL ENTRY record).
+
+    A non-scalar result stays in its stored form, msgpack bytes (see
+    :func:`stored_result`), which :meth:`JobTable.restore` takes back as is.
+    """
     return (
         e.id, e.task, _unpack(e.packed_payload), e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
         e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error,

@@ -302,7 +302,18 @@ async def test_a_result_is_kept_as_a_copy_and_survives_a_reopen(store_factory: S
         assert (await store.get(claimed.id)).result == {"sent": [1, 2], "to": "a@b.c"}
 
 
-@pytest.mark.parametrize("result", [2**64, -(2**63) - 1, "\ud800", {"n": 2**70}])
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "result",
+    [2**64, -(2**63) - 1, "\ud800", {"n": 2**70}, b"bytes", _nested(5000)],
+    ids=["int-above", "int-below", "surrogate", "nested-int", "bytes", "too-deep"],
+)
 async def test_a_result_the_store_cannot_hold_is_refused_and_changes_nothing(
     store: Store, store_factory: StoreFactory, result: object
 ) -> None:

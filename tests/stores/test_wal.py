@@ -698,6 +698,24 @@ def _after_kill(path: Path, into: Path) -> JobTable:
     return table
 
 
+async def test_a_structured_result_survives_a_checkpoint(tmp_path: Path) -> None:
+    # A checkpoint's ENTRY rows carry a non-scalar result in its stored form
+    # (msgpack bytes); restoring takes it back as is.
+    clock = Clock()
+    path = tmp_path / "wal"
+    result = {"sent": [1, 2], "to": "a@b.c", "ok": True}
+    async with opened(path, clock) as store:
+        [job, other] = await store.add([new_job(clock), new_job(clock)])
+        claimed = await claim(store)
+        assert await store.succeed(claimed.id, claimed.epoch, result) is True
+        claimed = await claim(store)
+        assert await store.succeed(claimed.id, claimed.epoch, "plain") is True
+        await store.checkpoint()
+    async with opened(path, clock) as store:
+        assert (await store.get(job.id)).result == result
+        assert (await store.get(other.id)).result == "plain"
+
+
 @pytest.mark.parametrize("fsync", ["always", "interval", "never"])
 async def test_records_nobody_waits_for_are_committed_within_the_lazy_delay(
     tmp_path: Path, fsync: str, autojump_clock: trio.testing.MockClock

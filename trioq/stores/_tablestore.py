@@ -3,7 +3,9 @@
 Every method applies a transition of the pure table, then hands the record of
 that transition to :meth:`TableStore._record` in the same synchronous step
 (so records reach the log in the order the table applied them), then awaits
-:meth:`TableStore._flush` before answering. ``MemoryStore`` records nothing;
+:meth:`TableStore._flush` before answering; except ``claim`` and
+``succeed(durable=False)``, whose records are ``lazy`` (nobody waits for them:
+the log commits them with the next batch). ``MemoryStore`` records nothing;
 ``WALStore`` appends each record to its log and ``_flush`` returns once the
 record is written (and, with ``fsync="always"``, on disk). Recovery replays
 those records through the same table methods.

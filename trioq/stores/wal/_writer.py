@@ -8,7 +8,10 @@ commit marker, syncs once (``fsync="always"``), and only then wakes the callers:
 for the write; with ``"never"`` syncing is left to the OS. In every mode a
 caller returns only after its record was handed to the OS, so a ``kill -9`` of
 the process loses nothing acknowledged; only a machine crash can, outside
-``"always"``.
+``"always"``. Records appended ``lazy`` (nobody waits for them: a worker's claim
+and success) start no commit of their own; they join the next one, which starts
+at most :data:`LAZY_COMMIT_DELAY` after the first of them, or at once when a
+record someone waits for arrives or a caller flushes.
 
 Segments roll at ``segment_size``. At a roll, when the log on disk has grown
 past twice the size of a checkpoint of the live jobs, the new segment starts
@@ -170,7 +173,7 @@ class LogWriter:
         """Queue one encoded record for the next group commit.
 
         A ``lazy`` record (one nobody waits for yet: a worker's claim or
-        success) does not start a commit: it joins the next one, which comes
+        success) does not start a commit: it joins the next one, which starts
         at the latest :data:`LAZY_COMMIT_DELAY` later, or as soon as a record
         that is not lazy arrives or someone calls :meth:`flush`. Each commit
         syncs (``"always"``), and a sync on this machine's disk blocks the

@@ -62,7 +62,11 @@ class WALStore(TableStore):
     commit). ``"interval"``: records are written at once and synced every few
     milliseconds. ``"never"``: syncing is left to the OS. In all modes a
     transition returns only after its record was written, so ``kill -9`` loses
-    nothing acknowledged.
+    nothing acknowledged. The exceptions are the records nobody waits for: a
+    claim and a worker's ``succeed(durable=False)`` return at once, and their
+    records join the next commit (at most ``LAZY_COMMIT_DELAY`` later, or at
+    once when someone syncs); ``Queue.get``, ``wait`` and ``join`` sync before
+    reporting an outcome. A crash can so re-run a job that had just finished.
 
     Opening replays the log (a torn last write is truncated with a warning;
     other damage raises :class:`~trioq.WALCorruption`), then puts jobs that were
