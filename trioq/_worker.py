@@ -392,7 +392,7 @@ class WorkerPool:
             if error is None:
                 # The worker moves on without waiting for the record to be
                 # durable; the log commits it with others, soon. Whoever is
-                # told of the outcome (Queue.wait, Queue.join) syncs first.
+                # told of the outcome (Queue.get, wait, join) syncs first.
                 try:
                     succeeded = await self._store.succeed(job.id, job.epoch, result, durable=False)
                 except InvalidJob as exc:  # a result the store cannot hold: nothing changed
