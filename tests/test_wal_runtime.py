@@ -26,19 +26,23 @@ def _crash_copy(directory: Path, into: Path) -> JobTable:
     return table
 
 
-async def test_wait_and_join_return_only_after_successes_are_durable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _slow_disk(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Make every group commit take ``seconds`` longer, synced in a thread (the loop runs on)."""
     real_write_and_sync = _writer.LogWriter._write_and_sync
 
     def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> float:
-        time.sleep(0.02)  # a slow disk: records wait a while before reaching the file
-        return 0.02 + real_write_and_sync(self, data)
+        time.sleep(seconds)
+        return seconds + real_write_and_sync(self, data)
 
     monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
-    # Sync in a thread, so the loop runs on while records wait for the disk
-    # (an inline sync would make every commit durable before anything else ran).
+    # An inline sync would make every commit durable before anything else ran.
     monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)
+
+
+async def test_wait_and_join_return_only_after_successes_are_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _slow_disk(monkeypatch, 0.02)
     registry = trioq.Registry()
 
     @registry.task
@@ -82,14 +86,7 @@ async def test_an_idle_worker_starts_a_job_while_its_add_is_being_synced(
     # enqueue() returns once the job is durable, but a worker need not wait
     # for that: the job may run during the sync (and its success record joins
     # a later commit). A restart after enqueue returned still finds the job.
-    real_write_and_sync = _writer.LogWriter._write_and_sync
-
-    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> float:
-        time.sleep(0.05)
-        return 0.05 + real_write_and_sync(self, data)
-
-    monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
-    monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)  # sync in a thread: the loop runs on
+    _slow_disk(monkeypatch, 0.05)
     registry = trioq.Registry()
     started = trio.Event()
 
@@ -147,14 +144,7 @@ async def test_a_cancel_during_the_durability_wait_still_wakes_the_workers(
 ) -> None:
     # The job is in the table before its record reaches the disk; a caller
     # cancelled in that wait must not leave it unannounced (join() hung).
-    real_write_and_sync = _writer.LogWriter._write_and_sync
-
-    def slow_write_and_sync(self: _writer.LogWriter, data: bytes) -> float:
-        time.sleep(0.05)
-        return 0.05 + real_write_and_sync(self, data)
-
-    monkeypatch.setattr(_writer.LogWriter, "_write_and_sync", slow_write_and_sync)
-    monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)  # sync in a thread: the loop runs on
+    _slow_disk(monkeypatch, 0.05)
     registry = trioq.Registry()
 
     @registry.task
