@@ -39,6 +39,7 @@ def _slow_disk(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     monkeypatch.setattr(_writer, "INLINE_SYNC_MAX", -1.0)
 
 
+@pytest.mark.slow  # a real clock: the slow disk sleeps in a thread
 async def test_wait_and_join_return_only_after_successes_are_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -80,6 +81,7 @@ async def test_wait_and_join_return_only_after_successes_are_durable(
             assert all(seen.get(j.id).state is JobState.SUCCEEDED for j in jobs)
 
 
+@pytest.mark.slow  # a real clock: the slow disk sleeps in a thread
 async def test_an_idle_worker_starts_a_job_while_its_add_is_being_synced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,6 +141,7 @@ async def test_an_outer_cancel_leaves_the_queue_and_releases_running_jobs(
     assert (found.state, found.attempts) == ("ready", 0)
 
 
+@pytest.mark.slow  # a real clock: the slow disk sleeps in a thread
 async def test_a_cancel_during_the_durability_wait_still_wakes_the_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
