@@ -399,6 +399,30 @@ async def test_result_that_is_not_json_fails_the_attempt(autojump_clock: trio.te
     assert final.error is not None and "JSON" in final.error
 
 
+@pytest.mark.parametrize("field", ["priority", "max_attempts"])
+async def test_an_int_field_the_store_cannot_hold_is_refused_and_adds_nothing(
+    field: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # It used to pass validation, enter the table, then fail in the WAL's
+    # encoder with a bare OverflowError: refused, yet ready to run, unlogged.
+    registry = trioq.Registry()
+
+    @registry.task
+    async def noop(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path / "wal"), workers=0) as queue:
+        for bad in (2**64, -(2**63) - 1, 2**70):
+            if field == "max_attempts" and bad < 0:
+                continue
+            with pytest.raises(trioq.InvalidJob) as excinfo:
+                await queue.enqueue_many([JobSpec("noop"), JobSpec("noop", **{field: bad})])
+            assert excinfo.value.field == f"jobs[1].{field}"
+        assert (await queue.stats())["jobs"]["ready"] == 0
+        assert (await queue.enqueue("noop", **{field: 2**63 - 1})).state == "ready"
+    with pytest.raises(ValueError, match=field):
+        registry.task(name="big", **{field: 2**64})(noop)
+
+
 @pytest.mark.parametrize("kind", ["memory", "wal"])
 async def test_a_result_the_store_cannot_hold_fails_the_attempt_not_the_queue(
     kind: str, tmp_path: Path, autojump_clock: trio.testing.MockClock

@@ -173,7 +173,8 @@ class Job:
 #: Types whose values always survive a JSON round trip (exact types: a
 #: subclass such as an ``IntEnum`` takes the full check).
 _PLAIN = frozenset({str, int, bool, type(None)})
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+#: The ints the stores can hold (msgpack: signed or unsigned 64 bits).
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
 def check_json(value: Any, *, what: str) -> None:
@@ -188,8 +189,8 @@ def check_json(value: Any, *, what: str) -> None:
             if type(k) is not str:
                 break
             if t in _PLAIN:
-                if t is int and not _INT_MIN <= v <= _INT_MAX:
-                    break  # json.dumps refuses ints of over 4,300 digits
+                if t is int and not INT_MIN <= v <= INT_MAX:
+                    break  # the full check decides (and the store refuses it later)
             elif t is not float or not math.isfinite(v):
                 break
         else:

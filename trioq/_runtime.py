@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._model import InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
+from ._model import INT_MAX, INT_MIN, InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
 from ._registry import Registry, TaskDef
 from ._worker import Totals, WorkerPool, _without_cancelled
 from .stores._base import NewJob, Store, StoreConfig
@@ -48,10 +48,10 @@ def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
     return float(value)
 
 
-def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        bound = f" >= {minimum}" if minimum is not None else ""
-        raise InvalidJob(f"{name} must be an integer{bound}, got {value!r}", field=name)
+def _int(name: str, value: Any, *, minimum: int = INT_MIN) -> int:
+    """``value`` if it is an int in ``[minimum, INT_MAX]`` (the stores hold 64 bits), else InvalidJob."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT_MAX:
+        raise InvalidJob(f"{name} must be an integer from {minimum} to {INT_MAX}, got {value!r}", field=name)
     return value
 
 
@@ -201,12 +201,12 @@ class Queue:
         priority = spec.priority
         if priority is None:
             priority = definition.priority
-        elif type(priority) is not int:
+        elif type(priority) is not int or not INT_MIN <= priority <= INT_MAX:
             priority = _int(f"{_where(index)}priority", priority)
         max_attempts = spec.max_attempts
         if max_attempts is None:
             max_attempts = definition.max_attempts
-        elif type(max_attempts) is not int or max_attempts < 1:
+        elif type(max_attempts) is not int or not 1 <= max_attempts <= INT_MAX:
             max_attempts = _int(f"{_where(index)}max_attempts", max_attempts, minimum=1)
         key = spec.key
         if key is not None and (not isinstance(key, str) or not key):

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ._model import InvalidJob, Job, JobNotFound, JobState
+from ._model import INT_MAX, INT_MIN, InvalidJob, Job, JobNotFound, JobState
 from ._ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
@@ -676,7 +676,7 @@ def stored_result(result: Any) -> Any:
         return result
     try:
         if kind is int:
-            if -(2**63) <= result < 2**64:
+            if INT_MIN <= result <= INT_MAX:
                 return result
             _encode(result)  # raises
         elif kind is str:
