@@ -226,7 +226,7 @@ async def test_a_page_of_the_last_batch_lost_in_a_power_cut_is_a_torn_write(tmp_
         crashed = crash_copy(wal, tmp_path / "crashed")
     (segment,) = segments(crashed)
     data = bytearray(segment.read_bytes())
-    *_, before_last, last_end = _format._commits_after(bytes(data), HEADER_SIZE)
+    *_, (_, before_last), (_, last_end) = _format._commits_after(bytes(data), HEADER_SIZE)
     page = -(-before_last // _format.PAGE) * _format.PAGE
     assert page + 2 * _format.PAGE < last_end  # the batch spans pages; the marker's page is later
     if loss == "page never written":
@@ -246,6 +246,30 @@ async def test_a_page_of_the_last_batch_lost_in_a_power_cut_is_a_torn_write(tmp_
             with pytest.raises(JobNotFound):
                 await store.get(job.id)
         assert store.recovery is not None and store.recovery.truncated_bytes > 0
+
+
+@pytest.mark.parametrize("fsync", ["always", "never"])
+async def test_a_flipped_byte_beside_a_record_full_of_zeros_is_corruption(tmp_path: Path, fsync: str) -> None:
+    # msgpack writes 0 as a zero byte: a record can hold whole pages of zeros.
+    # A flipped byte in the last batch is damage all the same; only pages the
+    # commit marker's CRCs say were not written may be zeros (and "never",
+    # which records no CRCs, gets no allowance at all).
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync=fsync) as store:
+        await store.add([new_job(clock, n=1)])
+        await store.add([new_job(clock, v=[0] * 9000)])
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    (segment,) = segments(crashed)
+    data = bytearray(segment.read_bytes())
+    *_, (_, before_last), _ = _format._commits_after(bytes(data), HEADER_SIZE)
+    first_zero_page = -(-(before_last + 64) // _format.PAGE) * _format.PAGE
+    assert data.count(0, first_zero_page, first_zero_page + _format.PAGE) == _format.PAGE
+    data[before_last + 40] ^= 0x5A  # in the ADD record, before its zeros
+    segment.write_bytes(bytes(data))
+    with pytest.raises(WALCorruption, match=segment.name):
+        async with opened(crashed, clock):
+            pass
 
 
 async def test_zeros_after_part_of_a_record_are_a_torn_write(tmp_path: Path) -> None:

@@ -10,13 +10,21 @@ and then holds records, each framed as::
     payload length u32 | CRC32C of (type + payload) u32 | type u8 | payload
 
 Payloads are msgpack arrays (msgspec). Every group commit ends with a COMMIT
-record whose payload is ``b"TQCOMMIT" + batch number u64``; recovery applies a
-batch only once it has read that batch's commit marker. All integers are
-little-endian.
+record whose payload is::
+
+    b"TQCOMMIT" | batch number u64 | batch start offset u64 | CRC32C u32 per page chunk
+
+Recovery applies a batch only once it has read that batch's commit marker. The
+page chunks are the batch's bytes (start offset to marker) cut at every 4 KiB
+file boundary; the writer records their CRCs when it overwrites zero-filled
+blocks (``fsync="always"``), and none otherwise. They let recovery tell a page of
+the last batch that a power cut left unwritten (zeros where the CRC says
+otherwise) from damage (any other mismatch). All integers are little-endian.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from collections.abc import Iterator
@@ -45,6 +53,7 @@ __all__ = [
     "SUCCEED",
     "Scan",
     "WALCorruption",
+    "chunk_crcs",
     "commit_frame",
     "frame",
     "header",
@@ -54,14 +63,15 @@ __all__ = [
 ]
 
 MAGIC = b"TRIOQWAL"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct("<8sHQ")
 _HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
 _FRAME = struct.Struct("<IIB")
 FRAME_OVERHEAD = _FRAME.size
 COMMIT_MAGIC = b"TQCOMMIT"
-_COMMIT_BODY = struct.Struct("<8sQ")
+_COMMIT_BODY = struct.Struct("<8sQQ")  # magic, batch, start; then the page chunk CRCs
+_CHUNK_CRC = struct.Struct("<I")
 #: The unit a disk writes atomically, at worst (a torn write loses whole pages).
 PAGE = 4096
 #: A payload longer than this is damage, not data (a torn length field).
@@ -114,9 +124,27 @@ def frame(kind: int, fields: Any) -> bytes:
     return _FRAME.pack(len(body) - 1, crc32c(body), kind) + body[1:]
 
 
-def commit_frame(batch: int) -> bytes:
-    body = bytes((COMMIT,)) + _COMMIT_BODY.pack(COMMIT_MAGIC, batch)
+def commit_frame(batch: int, start: int = 0, chunk_crcs: tuple[int, ...] = ()) -> bytes:
+    """The commit marker of a batch that began at file offset ``start`` (see :func:`chunk_crcs`)."""
+    crcs = b"".join(_CHUNK_CRC.pack(c) for c in chunk_crcs)
+    body = bytes((COMMIT,)) + _COMMIT_BODY.pack(COMMIT_MAGIC, batch, start) + crcs
     return _FRAME.pack(len(body) - 1, crc32c(body), COMMIT) + body[1:]
+
+
+def _chunks(start: int, end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut at every :data:`PAGE` boundary of the file."""
+    cuts = [start, *range((start // PAGE + 1) * PAGE, end, PAGE), end]
+    return list(itertools.pairwise(cuts))
+
+
+def chunk_crcs(data: bytes, start: int) -> tuple[int, ...]:
+    """The CRC32C of each page chunk of ``data`` written at file offset ``start``."""
+    view = memoryview(data)
+    return tuple(crc32c(view[lo - start : hi - start]) for lo, hi in _chunks(start, start + len(data)))
+
+
+def _commit_length_ok(length: int) -> bool:
+    return length >= _COMMIT_BODY.size and (length - _COMMIT_BODY.size) % _CHUNK_CRC.size == 0
 
 
 def decode(payload: bytes | memoryview) -> Any:
@@ -150,25 +178,40 @@ class Scan:
     damage: str | None = None
     commit_after_damage: bool = False
 
-    def unwritten_page_in_final_batch(self) -> bool:
-        """Whether the damage is a page of the last group commit that never reached the disk.
+    def torn_final_batch(self) -> bool:
+        """Whether the damage is pages of the last group commit that never reached the disk.
 
         With ``fsync="always"`` a group commit overwrites zero-filled blocks, and
-        a power cut during its fdatasync can leave one of its pages unwritten
+        a power cut during its fdatasync can leave some of its pages unwritten
         (zeros) while a later page, holding its commit marker, did reach the
         disk. Such a batch was never acknowledged: it is a torn write, not
         corruption. True only when the damage lies in the final batch (exactly
-        one valid commit marker after it, then nothing but zeros) and that batch
-        holds a whole page-aligned block of zeros, which no record contains.
+        one valid commit marker after it, starting where the last good batch
+        ended, then nothing but zeros) and every page chunk of that batch whose
+        CRC the marker contradicts is all zeros. Any other mismatch (a flipped
+        byte, even beside a page of zeros a record legitimately holds) is damage.
         """
         if self.damage_at is None:
             return False
         data = self.data
-        ends = list(_commits_after(data, self.damage_at + 1))
-        if len(ends) != 1 or data.count(0, ends[0]) != len(data) - ends[0]:
+        markers = list(_commits_after(data, self.damage_at + 1))
+        if len(markers) != 1:
             return False
-        first = -(-self.committed_end // PAGE) * PAGE
-        return any(data.count(0, page, page + PAGE) == PAGE for page in range(first, ends[0] - PAGE + 1, PAGE))
+        begin, end = markers[0]
+        if data.count(0, end) != len(data) - end:
+            return False
+        _, _, start = _COMMIT_BODY.unpack_from(data, begin + FRAME_OVERHEAD)
+        crcs = [c for (c,) in _CHUNK_CRC.iter_unpack(data[begin + FRAME_OVERHEAD + _COMMIT_BODY.size : end])]
+        chunks = _chunks(start, begin)
+        if start != self.committed_end or len(crcs) != len(chunks):
+            return False
+        torn = False
+        for (lo, hi), crc in zip(chunks, crcs, strict=True):
+            if crc32c(data[lo:hi]) != crc:
+                if data.count(0, lo, hi) != hi - lo:
+                    return False
+                torn = True
+        return torn
 
     def committed(self) -> Iterator[tuple[int, memoryview, int]]:
         """``(type, payload, offset)`` of each committed record, commit markers included.
@@ -226,7 +269,7 @@ def scan_segment(path: str) -> Scan:
         if first_kind is None:
             first_kind = kind
         if kind == COMMIT:
-            if length != _COMMIT_BODY.size or data[pos + FRAME_OVERHEAD : pos + FRAME_OVERHEAD + 8] != COMMIT_MAGIC:
+            if not _commit_length_ok(length) or data[pos + FRAME_OVERHEAD : pos + FRAME_OVERHEAD + 8] != COMMIT_MAGIC:
                 damage = "malformed commit marker"
                 break
             batches += 1
@@ -248,16 +291,21 @@ def scan_segment(path: str) -> Scan:
     return scan
 
 
-def _commits_after(data: bytes, start: int) -> Iterator[int]:
-    """The end offset of every well-formed, checksummed commit marker beginning after ``start``."""
+def _commits_after(data: bytes, start: int) -> Iterator[tuple[int, int]]:
+    """``(begin, end)`` offsets of every well-formed, checksummed commit marker beginning after ``start``."""
     at = data.find(COMMIT_MAGIC, start)
     while at != -1:
         begin = at - FRAME_OVERHEAD
         if begin >= start - 1 and begin >= HEADER_SIZE:
             length, crc, kind = _FRAME.unpack_from(data, begin)
             end = begin + FRAME_OVERHEAD + length
-            if kind == COMMIT and length == _COMMIT_BODY.size and crc == crc32c(data[begin + 8 : end]):
-                yield end
+            if (
+                kind == COMMIT
+                and _commit_length_ok(length)
+                and end <= len(data)
+                and crc == crc32c(data[begin + 8 : end])
+            ):
+                yield begin, end
         at = data.find(COMMIT_MAGIC, at + 1)
 
 

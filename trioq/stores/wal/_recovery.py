@@ -183,7 +183,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             scan.damage_at is not None
             and (not last or scan.commit_after_damage)
             # A torn final group commit is cut like any unfinished write, below.
-            and not (last and scan.unwritten_page_in_final_batch())
+            and not (last and scan.torn_final_batch())
         ):
             raise _corruption(directory, path, scan.damage_at, scan.damage or "damaged record")
         if tail and not last:

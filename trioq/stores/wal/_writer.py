@@ -44,6 +44,7 @@ from ._format import (
     CHECKPOINT_BEGIN,
     CHECKPOINT_END,
     ENTRY,
+    chunk_crcs,
     commit_frame,
     frame,
     header,
@@ -385,8 +386,11 @@ class LogWriter:
         self._lazy_only = False
         self._inflight = batch
         self._batch_no += 1
-        frames.append(commit_frame(self._batch_no))
+        start = self._segment_bytes
         data = b"".join(frames)
+        # "always" overwrites zero-filled blocks: the marker's page CRCs let
+        # recovery tell a page a power cut left unwritten from damage.
+        data += commit_frame(self._batch_no, start, chunk_crcs(data, start) if self.fsync == "always" else ())
         try:
             if self.fsync == "always":
                 end = self._segment_bytes + len(data)
@@ -409,7 +413,7 @@ class LogWriter:
             raise
         self._segment_bytes += len(data)
         self._segments[self._segment] = (self._segments[self._segment][0], self._segment_bytes)
-        self.records_written += len(frames) - 1
+        self.records_written += len(frames)
         self.batches_written += 1
         self._inflight = None
         batch.done.set()
