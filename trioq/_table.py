@@ -86,8 +86,10 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
 
-        ``payload`` is a fresh copy of the payload the caller already has (an
-        enqueue); without it the packed payload is decoded anew.
+        ``payload``: the dict the caller passed to an enqueue, put in the
+        snapshot as it is (the table keeps its own packed copy, so nothing the
+        caller does to that dict reaches it); without it the packed payload is
+        decoded anew.
         """
         return Job(
             self.id,
@@ -236,7 +238,7 @@ class JobTable:
         that job's snapshot comes back with ``created=False``. The job starts
         ``scheduled`` if ``run_at > now``, else ``ready``.
         """
-        existing = self.add_packed(job_id, task, _pack(payload), priority, key, max_attempts, run_at, now)
+        existing = self.add_packed(job_id, task, pack_payload(payload), priority, key, max_attempts, run_at, now)
         if existing is not None:
             return self.get(existing), False
         return self._jobs[job_id].snapshot(payload), True
@@ -549,7 +551,8 @@ class JobTable:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
         self._next_seq = max(self._next_seq, seq + 1)
-        entry = Entry(job_id, task, _pack(payload), job_state, priority, key, max_attempts, run_at, created_at, seq)
+        packed = pack_payload(payload)
+        entry = Entry(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
         entry.attempts = attempts
         entry.epoch = epoch
         entry.finished_at = finished_at
@@ -699,13 +702,8 @@ def raw_payload(packed: bytes) -> msgspec.Raw:
     return msgspec.Raw(packed or _EMPTY_MAP)
 
 
-def _pack(payload: dict[str, Any]) -> bytes:
-    """A payload as bytes (an empty payload as ``b""``): snapshots decode their own copies."""
-    return _encode(payload) if payload else b""
-
-
 def _unpack(blob: bytes) -> dict[str, Any]:
-    """A fresh payload dict from :func:`_pack`'s bytes."""
+    """A fresh payload dict from :func:`pack_payload`'s bytes."""
     return _decode(blob) if blob else {}
 
 

@@ -138,10 +138,6 @@ class Store(Protocol):
         """Until every transition applied so far is as durable as the store promises."""
         ...
 
-    def unsynced(self) -> bool:
-        """Whether some applied transition is not durable yet (:meth:`sync` would wait)."""
-        ...
-
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
         """Record a failed attempt: scheduled at ``retry_at``, or dead at max attempts."""
         ...

@@ -160,9 +160,6 @@ class TableStore:
     async def sync(self) -> None:
         await self._flush()
 
-    def unsynced(self) -> bool:
-        return False
-
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
         table, config = self._open()
         now = config.clock()

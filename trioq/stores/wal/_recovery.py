@@ -78,9 +78,8 @@ def _corruption(directory: str, path: str, offset: int, what: str) -> WALCorrupt
 
 
 def apply_record(table: JobTable, kind: int, f: Any) -> bool:
-    """Apply one decoded record; False when the table refuses it (the log diverged)."""
-    if kind == ADD:
-        return table.add(*f)[1]
+    """Apply one decoded record other than ADD (replay reads those itself); False when the
+    table refuses it (the log diverged)."""
     if kind == CLAIM:
         table.claim(f[0])
         return True

@@ -193,6 +193,7 @@ class WALStore(TableStore):
         await self._writer.flush()
 
     def unsynced(self) -> bool:
+        """Whether some applied transition is not committed yet (:meth:`sync` would wait): diagnostics."""
         return self._writer is not None and self._writer.busy
 
     def _export(self) -> list[tuple[Any, ...]]:
