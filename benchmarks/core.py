@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import math
 import os
 import sys
@@ -81,6 +82,9 @@ from _common import (
 
 import trioq
 
+#: ``open_queue``'s bound on retained finished jobs: a drain past it evicts one per job.
+DEFAULT_MAX_RETAINED: int = inspect.signature(trioq.open_queue).parameters["max_retained"].default
+
 SECTIONS = ("noop_drain", "sleep_bound", "latency", "growth")
 
 REGISTRY = registry()  # noop, sleepy, and stamp below
@@ -105,13 +109,18 @@ def rss_bytes() -> int:
 
 
 async def trioq_drain(
-    task: str, n: int, workers: int, limit: float = math.inf, max_retained: int = 100_000, batch: int = BATCH
+    task: str,
+    n: int,
+    workers: int,
+    limit: float = math.inf,
+    max_retained: int = DEFAULT_MAX_RETAINED,
+    batch: int = BATCH,
 ) -> dict[str, Any]:
     """Enqueue through a producer-only queue, then time a ``workers`` queue draining it.
 
     With a finite ``limit`` the drain is cut off after that many seconds and the
     rate is the number of jobs that succeeded by then over the time taken.
-    ``max_retained`` is the queue's (100,000 is ``open_queue``'s default).
+    ``max_retained`` is the queue's (``open_queue``'s default unless given).
     """
     store = trioq.MemoryStore()
     async with trioq.open_queue(REGISTRY, store=store, workers=0, max_retained=max_retained) as producer:
@@ -325,7 +334,7 @@ def growth_child(n: int, workers: int, limit: float, max_retained: int) -> dict[
     return out
 
 
-def growth_command(n: int, workers: int, limit: float, max_retained: int = 100_000) -> list[str]:
+def growth_command(n: int, workers: int, limit: float, max_retained: int = DEFAULT_MAX_RETAINED) -> list[str]:
     command = [sys.executable, str(Path(__file__).resolve()), "--growth-child", str(n)]
     return [*command, "--workers", str(workers), "--drain-limit", str(limit), "--max-retained", str(max_retained)]
 
@@ -404,7 +413,7 @@ def section_growth(sizes: tuple[int, ...], rounds: dict[int, int], workers: int,
     # oldest one (a dict delete and frees on memory long out of the caches).
     # The same drain with room to retain every job shows what that costs.
     largest = sizes[-1]
-    if largest <= 100_000:
+    if largest <= DEFAULT_MAX_RETAINED:
         return  # --quick: no size is past the default bound, nothing is evicted
     log(f"growth: {largest} jobs with max_retained={largest} (subprocess)")
     rs = [run_json(growth_command(largest, workers, limit, largest)) for _ in range(rounds[largest])]
@@ -434,7 +443,7 @@ def main() -> None:
     parser.add_argument("--growth-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--drain-limit", type=float, default=math.inf, help=argparse.SUPPRESS)
-    parser.add_argument("--max-retained", type=int, default=100_000, help=argparse.SUPPRESS)
+    parser.add_argument("--max-retained", type=int, default=DEFAULT_MAX_RETAINED, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.growth_child is not None:
