@@ -145,28 +145,24 @@ class Queue:
         A checkpoint, as trio's own async functions are: a caller cancelled
         before the call adds nothing, and even when no store I/O waits, other
         tasks get to run (a producer loop cannot starve the workers). Once the
-        jobs are added, a cancel waits for their record (shielded) and is
-        delivered at the caller's next checkpoint.
+        jobs are added, a cancel waits for their record (the store's calls are
+        not cancel points once applied) and is delivered at the caller's next
+        checkpoint.
         """
         self._check_open()
         await trio.lowlevel.checkpoint_if_cancelled()
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
         faults = self._faults
-        # Shielded: once the store call starts the jobs may be in the table
-        # (and running); a cancel while their record is on its way to the
-        # disk must not hide an add that happened. The caller is cancelled at
-        # its next checkpoint.
-        with trio.CancelScope(shield=True):
-            if faults is None:
+        if faults is None:
+            jobs = await self.store.add(new, max_pending=self._max_ready)
+        else:
+            jobs = []
+            token = faults.enqueue_started()
+            try:
                 jobs = await self.store.add(new, max_pending=self._max_ready)
-            else:
-                jobs = []
-                token = faults.enqueue_started()
-                try:
-                    jobs = await self.store.add(new, max_pending=self._max_ready)
-                finally:
-                    faults.enqueue_finished(token, jobs)
+            finally:
+                faults.enqueue_finished(token, jobs)
         self._totals.enqueued += len(jobs)
         return jobs
 
@@ -321,8 +317,7 @@ class Queue:
         Cancelling a terminal job changes nothing and returns it as it is.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        with trio.CancelScope(shield=True):  # applied at once: see enqueue_many
-            outcome = await self.store.cancel(job_id)
+        outcome = await self.store.cancel(job_id)  # not a cancel point once applied
         if outcome.running_epoch is not None:
             self._pool.cancel_attempt(job_id, outcome.running_epoch)
         if outcome.changed:
@@ -337,9 +332,7 @@ class Queue:
         """
         self._check_open()
         await trio.lowlevel.checkpoint_if_cancelled()
-        with trio.CancelScope(shield=True):  # applied at once: see enqueue_many
-            job = await self.store.retry(job_id)
-        return job
+        return await self.store.retry(job_id)  # not a cancel point once applied
 
     # ------------------------------------------------------------- internals
 

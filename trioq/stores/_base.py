@@ -89,6 +89,12 @@ class Store(Protocol):
     :meth:`fail`, :meth:`release` and :meth:`heartbeat` name that epoch and are
     refused (``False`` / ``None``) once it is stale, so an attempt that lost its
     job can never complete it.
+
+    Cancellation: a method that changes jobs is not a cancel point once it has
+    changed them. A cancel that arrives while it waits for its record to be
+    durable is delivered at the caller's next checkpoint, so a cancelled caller
+    never misses a transition that happened (nor the follow-up work, such as
+    waking workers). :meth:`sync` only waits, and may be cancelled.
     """
 
     def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:

@@ -51,7 +51,11 @@ class TableStore:
         """
 
     async def _flush(self) -> None:
-        """Until every record so far is as durable as the store promises."""
+        """Until every record so far is as durable as the store promises.
+
+        Not a cancel point (see the :class:`~trioq.stores.Store` docstring):
+        transitions await it after applying themselves.
+        """
 
     # Helpers -------------------------------------------------------------
 

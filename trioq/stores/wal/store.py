@@ -190,7 +190,12 @@ class WALStore(TableStore):
 
     async def _flush(self) -> None:
         assert self._writer is not None
-        await self._writer.flush()
+        with trio.CancelScope(shield=True):  # the transition has happened
+            await self._writer.flush()
+
+    async def sync(self) -> None:
+        assert self._writer is not None
+        await self._writer.flush()  # only waits: may be cancelled
 
     def unsynced(self) -> bool:
         """Whether some applied transition is not committed yet (:meth:`sync` would wait): diagnostics."""
