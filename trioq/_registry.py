@@ -41,18 +41,23 @@ class TaskDef:
         """
         return self.heartbeat_timeout if self.heartbeat_timeout is not None else queue_heartbeat_timeout
 
-    def check_payload(self, payload: dict[str, Any]) -> None:
-        """Raise :class:`InvalidJob` unless ``handler(ctx, **payload)`` would bind."""
+    def check_payload(self, payload: dict[str, Any], where: str = "") -> None:
+        """Raise :class:`InvalidJob` unless ``handler(ctx, **payload)`` would bind.
+
+        ``where`` prefixes the message and the field (``"jobs[3]."`` in a batch).
+        """
         if not self.takes_any:
             unknown = payload.keys() - self.params
             if unknown:
                 raise InvalidJob(
-                    f"task {self.name!r} takes no argument(s) {sorted(unknown)}; it takes {sorted(self.params)}",
-                    field="payload",
+                    f"{where}task {self.name!r} takes no argument(s) {sorted(unknown)}; it takes {sorted(self.params)}",
+                    field=f"{where}payload",
                 )
         missing = self.required - payload.keys()
         if missing:
-            raise InvalidJob(f"task {self.name!r} needs payload field(s) {sorted(missing)}", field="payload")
+            raise InvalidJob(
+                f"{where}task {self.name!r} needs payload field(s) {sorted(missing)}", field=f"{where}payload"
+            )
 
 
 def _optional_positive(name: str, value: float | None) -> None:

@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from ._model import INT_MAX, INT_MIN, InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
-from ._registry import Registry, TaskDef
+from ._registry import Registry
 from ._worker import Totals, WorkerPool, _without_cancelled
 from .stores._base import NewJob, Store, StoreConfig
 from .stores.memory import MemoryStore
@@ -53,16 +53,6 @@ def _int(name: str, value: Any, *, minimum: int = INT_MIN) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT_MAX:
         raise InvalidJob(f"{name} must be an integer from {minimum} to {INT_MAX}, got {value!r}", field=name)
     return value
-
-
-def _check_arguments(definition: TaskDef, payload: dict[str, Any], index: int | None) -> None:
-    """:meth:`TaskDef.check_payload`, its error naming the job of a batch (``jobs[3].payload``)."""
-    try:
-        definition.check_payload(payload)
-    except InvalidJob as exc:
-        if index is None:
-            raise
-        raise InvalidJob(f"{_where(index)}{exc}", field=f"{_where(index)}{exc.field}") from None
 
 
 def _where(index: int | None) -> str:
@@ -188,9 +178,9 @@ class Queue:
                     f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
                 )
             check_json(payload, what=f"{_where(index)}payload")
-            _check_arguments(definition, payload, index)
+            definition.check_payload(payload, _where(index))
         elif definition.required:
-            _check_arguments(definition, payload, index)
+            definition.check_payload(payload, _where(index))
         delay = spec.delay
         if not (type(delay) is float and 0.0 <= delay < math.inf):
             delay = _number(f"{_where(index)}delay", delay)
