@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trioq import InvalidJob, Job, JobNotFound, JobState
+from trioq._ready import CHUNK
 from trioq._table import JobTable
 
 READY = JobState.READY
@@ -73,6 +74,9 @@ def check_consistent(table: JobTable) -> None:
         assert job_id in table and table.get(job_id).key == key
     assert table._retained == terminal
     assert len(table._terminal) - table._retained <= table._stale  # every stale item is counted
+    # Stale queue items are compacted away (see _table._current_ready).
+    assert table._ready.size <= 2 * real["ready"] + CHUNK + 1
+    assert len(table._scheduled) <= 2 * real["scheduled"] + CHUNK + 1
     running = {job.id for job in jobs if job.state is RUNNING}
     assert set(table._active) == running
     assert all(table._active[job_id] is table.entry(job_id) for job_id in running)
@@ -237,6 +241,29 @@ def test_fifo_among_equal_priority_and_run_at() -> None:
     while (entry := table.claim_next(1.0)) is not None:
         claimed.append(entry.id)
     assert claimed == ids
+
+
+@pytest.mark.parametrize("run_at", [0.0, 1e9], ids=["ready", "scheduled"])
+def test_cancelled_jobs_do_not_pile_up_in_the_queues_and_order_survives(run_at: float) -> None:
+    # With nothing claiming (a producer-only queue, or jobs due far ahead),
+    # the items of cancelled jobs stayed queued forever; the queues are now
+    # rebuilt when stale items outnumber current ones.
+    table = JobTable(max_retained=10)
+    kept = []
+    for i in range(20 * CHUNK):
+        job_id = f"j{i}"
+        add(table, job_id, run_at=run_at, priority=i % 3)
+        if i % 50:
+            table.cancel(job_id, now=0.0)
+        else:
+            kept.append((-(i % 3), i, job_id))
+        if i % 997 == 0:
+            check_consistent(table)
+    check_consistent(table)
+    assert table._ready.size + len(table._scheduled) <= 2 * len(kept) + CHUNK + 1
+    order = [table.claim_next(2e9) for _ in kept]
+    assert [e.id for e in order if e is not None] == [job_id for _, _, job_id in sorted(kept)]
+    assert table.claim_next(2e9) is None
 
 
 def test_claim_next_promotes_due_scheduled() -> None:

@@ -133,8 +133,17 @@ class ReadyQueue:
         self._chunk = chunk  # checked by each lane's Fifo
         self._lanes: dict[int, _Lane] = {}
         self._order: list[int] = []  # negated priorities, ascending: best lane first
+        #: Items held, stale ones included (the table compacts on this).
+        self.size = 0
+
+    def __iter__(self) -> Iterator[ReadyItem]:
+        """Every item held, in no particular order (the queue must not change meanwhile)."""
+        for lane in self._lanes.values():
+            yield from lane.fifo
+            yield from lane.late
 
     def push(self, priority: int, item: ReadyItem) -> None:
+        self.size += 1
         lane = self._lanes.get(priority)
         if lane is None:
             lane = self._lanes[priority] = _Lane(self._chunk)
@@ -168,11 +177,13 @@ class ReadyQueue:
                 head = fifo.first()
                 pos = 0
             if head is not None:
+                self.size -= 1
                 if late and late[0] < head:
                     return heapq.heappop(late)
                 fifo.pos = pos + 1
                 return head
             if late:
+                self.size -= 1
                 return heapq.heappop(late)
             del self._lanes[-negated]  # drop the empty lane
             del self._order[0]

@@ -634,9 +634,33 @@ class JobTable:
     def _push(self, entry: Entry) -> None:
         entry.slot = token = entry.slot + 1
         if entry.state is _READY:
-            self._ready.push(entry.priority, (entry.run_at, entry.seq, entry, token))
+            ready = self._ready
+            ready.push(entry.priority, (entry.run_at, entry.seq, entry, token))
+            if ready.size > 2 * self._counts[_READY] + CHUNK:
+                self._ready = _current_ready(ready)
         else:
-            heapq.heappush(self._scheduled, (entry.run_at, entry.seq, entry, token))
+            heap = self._scheduled
+            heapq.heappush(heap, (entry.run_at, entry.seq, entry, token))
+            if len(heap) > 2 * self._counts[_SCHEDULED] + CHUNK:
+                self._scheduled = [item for item in heap if item[2].slot == item[3]]
+                heapq.heapify(self._scheduled)
+
+
+def _current_ready(ready: ReadyQueue) -> ReadyQueue:
+    """``ready`` without its stale items.
+
+    Cancelled, evicted or requeued jobs leave their queue items behind (lazy
+    deletion); claims skip them, but with nothing claiming (a producer-only
+    queue, jobs scheduled far ahead) they would pile up. Both queues are
+    rebuilt once they hold more than twice their current jobs (plus a
+    :data:`CHUNK`), which keeps the work O(1) per push, amortised.
+    """
+    fresh = ReadyQueue()
+    for item in ready:
+        entry: Entry = item[2]
+        if entry.slot == item[3]:
+            fresh.push(entry.priority, item)
+    return fresh
 
 
 _encode = msgspec.msgpack.Encoder().encode
