@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trioq import InvalidJob, Job, JobNotFound, JobState
+from trioq import InvalidJob, Job, JobNotFound, JobState, _table
 from trioq._ready import CHUNK
 from trioq._table import JobTable
 
@@ -74,6 +74,14 @@ def check_consistent(table: JobTable) -> None:
         assert job_id in table and table.get(job_id).key == key
     assert table._retained == terminal
     assert len(table._terminal) - table._retained <= table._stale  # every stale item is counted
+
+    # Every waiting or retained job has exactly one current queue item.
+    def current(items: Any) -> list[str]:
+        return sorted(item[2].id if len(item) == 4 else item[1].id for item in items if item[-2].slot == item[-1])
+
+    assert current(table._ready) == sorted(j.id for j in jobs if j.state is READY)
+    assert current(table._scheduled) == sorted(j.id for j in jobs if j.state is SCHEDULED)
+    assert current(table._terminal) == sorted(j.id for j in jobs if j.state.terminal)
     # Stale queue items are compacted away (see _table._current_ready).
     assert table._ready.size <= 2 * real["ready"] + CHUNK + 1
     assert len(table._scheduled) <= 2 * real["scheduled"] + CHUNK + 1
@@ -241,6 +249,25 @@ def test_fifo_among_equal_priority_and_run_at() -> None:
     while (entry := table.claim_next(1.0)) is not None:
         claimed.append(entry.id)
     assert claimed == ids
+
+
+def test_rebuilding_the_retention_queue_keeps_every_retained_job_in_finish_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_table, "CHUNK", 0)  # rebuild as soon as stale items outnumber current ones
+    table = JobTable(max_retained=100)
+    for i in range(6):
+        add(table, f"j{i}")
+    for now in range(6):
+        entry = table.claim_next(1.0)
+        assert entry is not None
+        table.cancel(entry.id, float(now))
+    for job_id in ("j0", "j2", "j3", "j1"):  # each retry leaves a stale item; the last one rebuilds
+        table.retry(job_id, 10.0)
+        check_consistent(table)
+    assert len(table._terminal) < 6  # a rebuild happened
+    table.max_retained = 0
+    assert table.evict(10.0) == ["j4", "j5"]
 
 
 @pytest.mark.parametrize("run_at", [0.0, 1e9], ids=["ready", "scheduled"])
@@ -1094,6 +1121,22 @@ class TableMachine(RuleBasedStateMachine):
         job.finished_at = None
         job.run_at = self.now
 
+    @precondition(lambda self: self.ids)
+    @rule(idx=IDX)
+    def drop(self, idx: int) -> None:
+        """Replay of a DROP record: a terminal job forgotten, out of retention order."""
+        job_id = self.pick(idx)
+        job = self.model.get(job_id)
+        if job is None:
+            with pytest.raises(JobNotFound):
+                self.table.drop(job_id)
+        elif job.state not in TERMINAL:
+            with pytest.raises(InvalidJob):
+                self.table.drop(job_id)
+        else:
+            self.table.drop(job_id)
+            self.forget(job_id)
+
     @rule()
     def promote(self) -> None:
         assert self.table.promote(self.now) == self.model_promote()
@@ -1192,6 +1235,22 @@ TableMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestTableMachine = TableMachine.TestCase
+
+
+class SmallChunkTableMachine(TableMachine):
+    """The same, with no slack in the compaction thresholds: every rebuild path runs often."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._chunk = _table.CHUNK
+        _table.CHUNK = 0  # read by _compact_retention and _push at call time
+
+    def teardown(self) -> None:
+        _table.CHUNK = self._chunk
+
+
+SmallChunkTableMachine.TestCase.settings = TableMachine.TestCase.settings
+TestSmallChunkTableMachine = SmallChunkTableMachine.TestCase
 
 
 def test_jobs_are_invisible_to_the_cyclic_gc() -> None:
