@@ -63,6 +63,7 @@ SYNC_INTERVAL = 0.005
 INLINE_SYNC_MAX = 0.0005
 #: Bytes zero-filled ahead of the records at a time with ``fsync="always"``.
 PREALLOC_STEP = 1 << 20
+_ZEROS = memoryview(bytes(PREALLOC_STEP))
 #: How long records nobody waits for (a worker's claim and success) may wait
 #: for a commit; see :meth:`LogWriter.append`.
 LAZY_COMMIT_DELAY = 0.05
@@ -328,6 +329,10 @@ class LogWriter:
         self._checkpoint_wanted = None
         if self._pending:
             await self._commit_pending()
+            # A kill can land while a commit's sync runs in a thread; rolling
+            # would then do I/O after death (and raise instead of stopping).
+            if self._killed is None and self._segment_bytes >= self.segment_size:
+                await self._roll()
         try:
             await self.checkpoint()
         except BaseException as exc:
@@ -447,7 +452,8 @@ class LogWriter:
     def _zero_fill(self, end: int) -> None:
         """Extend the open segment with zeros to at least ``end`` (synced with the next commit)."""
         target = max(end, min(self._allocated + PREALLOC_STEP, self.segment_size))
-        _write_at(self._fd, bytes(target - self._allocated), self._allocated)
+        for offset in range(self._allocated, target, PREALLOC_STEP):
+            _write_at(self._fd, _ZEROS[: min(PREALLOC_STEP, target - offset)], offset)
         self._allocated = target
 
     def _trim(self) -> None:
