@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 import trio  # noqa: E402
 
 import trioq  # noqa: E402
+from trioq._wakeups import run_precise_wakeups  # noqa: E402
 
 perf_counter = time.perf_counter
 
@@ -241,14 +242,26 @@ async def bare_worker(receive: trio.MemoryReceiveChannel[Any], handler: Callable
 
 
 async def drain_channel(
-    receive: trio.MemoryReceiveChannel[Any], workers: int, handler: Callable[[Any], Awaitable[None]]
+    receive: trio.MemoryReceiveChannel[Any],
+    workers: int,
+    handler: Callable[[Any], Awaitable[None]],
+    *,
+    precise_wakeups: bool = False,
 ) -> float:
     """Seconds for ``workers`` :func:`bare_worker` tasks to drain ``receive``.
 
-    Timed from spawning the tasks until the nursery exits.
+    Timed from spawning the tasks until the nursery exits. ``precise_wakeups``
+    runs trioq's timerfd wake-ups (``trioq._wakeups``, which every open queue
+    runs) beside them, so a baseline of sleeping handlers gets the same timers
+    trioq's workers get.
     """
-    t0 = perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(workers):
-            nursery.start_soon(bare_worker, receive, handler)
-    return perf_counter() - t0
+    async with trio.open_nursery() as outer:
+        if precise_wakeups:
+            await outer.start(run_precise_wakeups)
+        t0 = perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(workers):
+                nursery.start_soon(bare_worker, receive, handler)
+        elapsed = perf_counter() - t0
+        outer.cancel_scope.cancel()
+    return elapsed

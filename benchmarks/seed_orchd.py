@@ -22,7 +22,8 @@ process*, never from this one, so the client's CPU is not the server's:
     ms apart) is the trioq figure. The
     baseline, measured in the same run alternating with trioq, is a bare trio
     memory channel in *this* process, prefilled and drained by as many tasks
-    running the same work as ``sim`` (two ``trio.sleep(0.010)`` slices). Medians
+    running the same work as ``sim`` (two ``trio.sleep(0.010)`` slices), beside
+    the timerfd wake-ups every open queue runs (``trioq._wakeups``). Medians
     of rounds. Target: ratio >= 0.95. orchd: 754 jobs/s (16), 2,830 (64).
 ``retries`` (orchd experiment B)
     2,000 ``sim`` jobs of 20 ms with ``fail_prob`` 0.2 at 64 workers, with
@@ -219,7 +220,7 @@ async def bare_sim(n: int, workers: int) -> float:
         for _ in range(steps):
             await trio.sleep(SIM_SLICE)
 
-    return await drain_channel(receive, workers, sim)
+    return await drain_channel(receive, workers, sim, precise_wakeups=True)
 
 
 # ---------------------------------------------------------------- sections
@@ -263,7 +264,7 @@ def section_throughput(plan: dict[int, tuple[int, int]]) -> None:
             "in a separate process, throughput = its throughput_jobs_s (succeeded / first submit to drained seen, "
             "/stats polled at half the expected time left, 5-500 ms apart, so submit over HTTP and the last poll's "
             "lag are inside); bare: prefilled trio memory channel in the benchmark process drained by W tasks "
-            "each doing sim's 2 x trio.sleep(0.010); "
+            "each doing sim's 2 x trio.sleep(0.010), beside the timerfd wake-ups every queue runs (trioq._wakeups); "
             "trioq and bare alternate, median of rounds"
         )
         emit(line)
