@@ -16,6 +16,7 @@ with a bare trio memory channel drained by as many tasks
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -36,7 +37,7 @@ if str(ROOT) not in sys.path:
 import trio  # noqa: E402
 
 import trioq  # noqa: E402
-from trioq._wakeups import run_precise_wakeups  # noqa: E402
+from trioq import _wakeups  # noqa: E402
 
 perf_counter = time.perf_counter
 
@@ -255,13 +256,10 @@ async def drain_channel(
     runs) beside them, so a baseline of sleeping handlers gets the same timers
     trioq's workers get.
     """
-    async with trio.open_nursery() as outer:
-        if precise_wakeups:
-            await outer.start(run_precise_wakeups)
+    async with _wakeups.precise_wakeups() if precise_wakeups else contextlib.nullcontext():
         t0 = perf_counter()
         async with trio.open_nursery() as nursery:
             for _ in range(workers):
                 nursery.start_soon(bare_worker, receive, handler)
         elapsed = perf_counter() - t0
-        outer.cancel_scope.cancel()
     return elapsed

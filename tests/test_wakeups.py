@@ -1,4 +1,4 @@
-"""The timerfd wake-ups (trioq._wakeups): armed for the next deadline only, gone after the queue."""
+"""The timerfd wake-ups (trioq._wakeups): armed for the next deadline only, one per run, gone after."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trio.testing
 
 import trioq
 from trioq import _wakeups
-from trioq._wakeups import Timerfd, _ArmForNextDeadline, run_precise_wakeups
+from trioq._wakeups import Timerfd, _ArmForNextDeadline
 
 linux_only = pytest.mark.skipif(_wakeups._libc is None, reason="timerfd is Linux-only")
 
@@ -22,81 +22,76 @@ class RecordingTimer:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, float]] = []
-        self.armed = False
+        self.armed_for: float | None = None
 
-    def arm(self, seconds: float) -> None:
+    def arm(self, seconds: float, deadline: float) -> None:
         self.calls.append(("arm", seconds))
-        self.armed = True
+        self.armed_for = deadline
 
     def disarm(self) -> None:
         self.calls.append(("disarm", 0.0))
-        self.armed = False
+        self.armed_for = None
 
 
-async def test_arms_for_the_next_deadline_when_the_loop_waits_for_it() -> None:
+def hook_with(deadline: float, now: float = 100.0) -> tuple[_ArmForNextDeadline, RecordingTimer]:
     timer = RecordingTimer()
-    hook = _ArmForNextDeadline(timer)  # type: ignore[arg-type]
-    with trio.CancelScope(deadline=trio.current_time() + 5.0):  # noqa: ASYNC100 (it only sets a deadline)
-        hook.before_io_wait(5.0)  # the loop's wait ends at that deadline
-        hook.before_io_wait(0)  # tasks are runnable: nothing to arm
-    assert len(timer.calls) == 1
-    kind, seconds = timer.calls[0]
-    assert kind == "arm"
-    assert 4.9 < seconds <= 5.0
+    return _ArmForNextDeadline(timer, lambda: (deadline, now)), timer  # type: ignore[arg-type]
 
 
-async def test_a_shorter_wait_than_the_deadline_is_not_armed_and_disarms() -> None:
+def test_arms_once_for_the_deadline_the_loop_waits_for() -> None:
+    hook, timer = hook_with(deadline=105.0)
+    hook.before_io_wait(0)  # tasks are runnable: nothing to arm
+    hook.before_io_wait(5.0)  # the loop's wait ends at the deadline
+    hook.before_io_wait(5.0)  # woken by I/O, waiting again for the same deadline
+    assert timer.calls == [("arm", 5.0)]
+
+
+def test_a_wait_shorter_than_the_deadline_arms_nothing_and_disarms() -> None:
     # The loop waits less than the time to the next deadline when
-    # wait_all_tasks_blocked has a cushion: firing then would make the loop
-    # look busy forever.
-    timer = RecordingTimer()
-    hook = _ArmForNextDeadline(timer)  # type: ignore[arg-type]
-    with trio.CancelScope(deadline=trio.current_time() + 5.0):  # noqa: ASYNC100 (it only sets a deadline)
-        hook.before_io_wait(5.0)
-        hook.before_io_wait(0.01)
-        hook.before_io_wait(0.01)  # already disarmed: no second call
+    # wait_all_tasks_blocked has a cushion: a timer firing as the cushion ends
+    # would make the loop look busy forever.
+    hook, timer = hook_with(deadline=105.0)
+    hook.before_io_wait(5.0)
+    hook.before_io_wait(0.01)
+    hook.before_io_wait(0.01)  # already disarmed: no second call
     assert [kind for kind, _ in timer.calls] == ["arm", "disarm"]
 
 
-async def test_no_deadline_arms_nothing() -> None:
-    timer = RecordingTimer()
-    hook = _ArmForNextDeadline(timer)  # type: ignore[arg-type]
-    assert math.isinf(trio.lowlevel.current_statistics().seconds_to_next_deadline)
+def test_no_deadline_arms_nothing() -> None:
+    hook, timer = hook_with(deadline=math.inf)
     hook.before_io_wait(86400.0)  # trio's cap on an unbounded wait
     assert timer.calls == []
+
+
+async def test_the_deadline_reader_reads_trio_directly_and_agrees_with_its_statistics() -> None:
+    read = _wakeups._deadline_reader()
+    assert read.__name__ != "public", "trio moved its deadline heap: the hook now walks every fd per wait"
+    deadline = trio.current_time() + 7.5
+    with trio.CancelScope(deadline=deadline):  # noqa: ASYNC100 (it only sets a deadline)
+        next_deadline, now = read()
+        assert next_deadline == deadline
+        statistics = trio.lowlevel.current_statistics()
+        assert next_deadline - now == pytest.approx(statistics.seconds_to_next_deadline, abs=0.01)
 
 
 @linux_only
 async def test_the_timerfd_fires_once_armed_and_is_quiet_once_disarmed() -> None:
     timer = Timerfd()
     try:
-        timer.arm(0.002)
+        timer.arm(0.002, 1.0)
         with trio.fail_after(5):
             await trio.lowlevel.wait_readable(timer.fd)
         timer.consume()
-        assert not timer.armed
+        assert timer.armed_for is None
         timer.consume()  # nothing left to read: no error
-        timer.arm(0.002)
+        timer.arm(0.002, 2.0)
         timer.disarm()
         with trio.move_on_after(0.05) as waited:
             await trio.lowlevel.wait_readable(timer.fd)
         assert waited.cancelled_caught, "a disarmed timerfd fired"
     finally:
-        trio.lowlevel.notify_closing(timer.fd)
         timer.close()
-
-
-@linux_only
-async def test_a_queue_runs_them_on_the_system_clock_and_leaves_nothing_behind() -> None:
-    registry = trioq.Registry()
-    assert _wakeups.supported()
-    async with trioq.open_queue(registry, workers=1):
-        assert _wakeups._active.get()
-        async with trioq.open_queue(registry, workers=1):
-            assert _wakeups._active.get()  # the first queue's serve both
-        assert _wakeups._active.get()
-    assert not _wakeups._active.get()
-    assert "before_io_wait" not in _instrument_hooks()
+        timer.close()  # idempotent
 
 
 def _instrument_hooks() -> set[str]:
@@ -105,41 +100,124 @@ def _instrument_hooks() -> set[str]:
     return {hook for hook, installed in runner.instruments.data.items() if installed}
 
 
-async def test_not_under_a_mock_clock(autojump_clock: trio.testing.MockClock) -> None:
-    # Virtual deadlines are no real time to arm a timer for, and a firing fd
-    # would keep the autojump clock from ever seeing the loop idle.
-    assert not _wakeups.supported()
+@linux_only
+async def test_a_queue_wakes_its_sleepers_through_the_timerfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = {"arm": 0, "consume": 0}
+    arm, consume = Timerfd.arm, Timerfd.consume
+
+    def counting_arm(self: Timerfd, seconds: float, deadline: float) -> None:
+        counts["arm"] += 1
+        arm(self, seconds, deadline)
+
+    def counting_consume(self: Timerfd) -> None:
+        counts["consume"] += 1
+        consume(self)
+
+    monkeypatch.setattr(Timerfd, "arm", counting_arm)
+    monkeypatch.setattr(Timerfd, "consume", counting_consume)
+    async with trioq.open_queue(trioq.Registry(), workers=1):
+        for _ in range(3):
+            await trio.sleep(0.003)
+    assert counts["arm"] >= 3
+    assert counts["consume"] >= 1
+
+
+@linux_only
+async def test_one_service_per_run_whatever_order_queues_close_in() -> None:
     registry = trioq.Registry()
-    async with trioq.open_queue(registry, workers=1):
-        assert not _wakeups._active.get()
+    assert _wakeups.supported()
+    first_open = trio.Event()
+    first_may_close = trio.Event()
+    first_closed = trio.Event()
+
+    async def first() -> None:
+        async with trioq.open_queue(registry, workers=1):
+            first_open.set()
+            await first_may_close.wait()
+        first_closed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first)
+        await first_open.wait()
+        service = _wakeups._service.get()
+        assert service is not None and service.users == 1
+        async with trioq.open_queue(registry, workers=1):
+            assert _wakeups._service.get() is service and service.users == 2
+            first_may_close.set()
+            await first_closed.wait()
+            # The queue that started the service closed first: it still serves this one.
+            assert _wakeups._service.get() is service and service.users == 1
+            assert not service.ended.is_set()
+            assert "before_io_wait" in _instrument_hooks()
+    assert _wakeups._service.get() is None
+    assert service.ended.is_set() and service.timer.fd == -1
+    assert "before_io_wait" not in _instrument_hooks()
+
+
+async def test_not_under_a_mock_clock(autojump_clock: trio.testing.MockClock) -> None:
+    # Virtual deadlines are no real time to arm a timer for.
+    assert not _wakeups.supported()
+    async with trioq.open_queue(trioq.Registry(), workers=1):
+        assert _wakeups._service.get() is None
         await trio.sleep(10.0)  # jumps: the loop still looks idle
 
 
 @linux_only
 async def test_wait_all_tasks_blocked_with_a_cushion_still_returns() -> None:
-    registry = trioq.Registry()
-    async with trioq.open_queue(registry, workers=2):
-        assert _wakeups._active.get()
+    async with trioq.open_queue(trioq.Registry(), workers=2):
+        assert _wakeups._service.get() is not None
         with trio.fail_after(5):
-            # A deadline further off than the cushion (the queue's own timers
-            # and this one): the loop waits the cushion, and must see idle.
+            # A deadline further off than the cushion: the loop waits the
+            # cushion, and must then see itself idle.
             with trio.CancelScope(deadline=trio.current_time() + 30.0):
                 await trio.testing.wait_all_tasks_blocked(cushion=0.02)
 
 
 @linux_only
-async def test_a_failing_hook_is_dropped_by_trio_and_the_task_still_ends(
+async def test_a_failing_hook_is_dropped_by_trio_and_the_queue_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def refuse(self: Timerfd, seconds: float) -> None:
+    def refuse(self: Timerfd, seconds: float, deadline: float) -> None:
         raise OSError("timerfd_settime refused")
 
     monkeypatch.setattr(Timerfd, "arm", refuse)
-    with caplog.at_level(logging.ERROR, logger="trio.abc.Instrument"):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(run_precise_wakeups)
+    with caplog.at_level(logging.ERROR):
+        async with trioq.open_queue(trioq.Registry(), workers=1):
             await trio.sleep(0.005)  # the loop blocks until a deadline: the hook raises
             assert "before_io_wait" not in _instrument_hooks()
-            nursery.cancel_scope.cancel()
     assert "timerfd_settime refused" in caplog.text
-    assert not _wakeups._active.get()
+    assert _wakeups._service.get() is None
+
+
+@linux_only
+async def test_a_failing_reader_is_logged_and_the_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A system task's exception would crash the whole run (TrioInternalError).
+    def refuse(self: Timerfd) -> None:
+        raise OSError("read refused")
+
+    monkeypatch.setattr(Timerfd, "consume", refuse)
+    with caplog.at_level(logging.ERROR, logger="trioq"):
+        async with trioq.open_queue(trioq.Registry(), workers=1):
+            service = _wakeups._service.get()
+            assert service is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep, 0.003)  # the next deadline: the timer fires for it
+                with trio.fail_after(5):
+                    await service.ended.wait()  # the first expiry's read fails and ends it
+            assert "before_io_wait" not in _instrument_hooks()
+            await trio.sleep(0.005)
+    assert "precise timer wake-ups stopped" in caplog.text
+    assert _wakeups._service.get() is None
+
+
+@linux_only
+async def test_no_timerfd_no_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: Timerfd) -> None:
+        raise OSError(1, "timerfd_create: Operation not permitted")
+
+    monkeypatch.setattr(Timerfd, "__init__", refuse)
+    async with trioq.open_queue(trioq.Registry(), workers=1):
+        assert _wakeups._service.get() is None
+        await trio.sleep(0.002)

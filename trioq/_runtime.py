@@ -18,7 +18,7 @@ import trio
 
 from ._model import INT_MAX, INT_MIN, InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
 from ._registry import Registry
-from ._wakeups import run_precise_wakeups
+from ._wakeups import precise_wakeups
 from ._worker import Totals, WorkerPool, _without_cancelled
 from .stores._base import NewJob, Store, StoreConfig
 from .stores.memory import MemoryStore
@@ -446,11 +446,10 @@ async def open_queue(
             on_crash=queue._die,
         )
     try:
-        async with queue.store.session(queue._config), trio.open_nursery() as nursery:
+        async with precise_wakeups(), queue.store.session(queue._config), trio.open_nursery() as nursery:
             if queue._faults is not None:
                 queue._faults.opened = True
             queue._scope = nursery.cancel_scope
-            await nursery.start(run_precise_wakeups)
             await nursery.start(queue._pool.run)
             nursery.start_soon(queue._timer)
             nursery.start_soon(queue._maintain)

@@ -6,41 +6,51 @@ woken at 20 ms, and every deadline reached between two milliseconds pays the
 rest of the millisecond. For a worker that sleeps 20 ms per job that is ~2-5 %
 of its throughput, paid again on every job.
 
-:func:`run_precise_wakeups` closes that gap while a queue is open. An
-instrument's ``before_io_wait`` hook arms a timerfd (nanosecond resolution) for
-the time left to the run's next deadline, and a task waits on the timerfd's
-readability; epoll then returns when the deadline passes, not at the next
-whole millisecond. The machine's own wake-up latency (~0.1-0.3 ms on our VMs)
-remains.
+:func:`precise_wakeups` closes that gap while a queue is open. An instrument's
+``before_io_wait`` hook arms a timerfd (nanosecond resolution) for the run's
+next deadline, and a system task waits on the timerfd's readability; epoll then
+returns when the deadline passes, not at the next whole millisecond. The
+machine's own wake-up latency (~0.1-0.3 ms on our VMs) remains.
 
-It arms only when the loop is about to block *until a deadline*:
+The hook arms only when the loop is about to block *until that deadline*:
 
-- ``timeout == 0`` (tasks are runnable): nothing to do, the hook returns.
-- The loop waits for a shorter time than the next deadline (the cushion of
-  ``trio.testing.wait_all_tasks_blocked``): the fd must not fire then, or the
-  loop would never look idle. Any timer still armed is disarmed.
-- No deadline at all: nothing to arm.
+- ``timeout == 0`` (tasks are runnable): it returns at once.
+- The loop blocks for less than the time to the next deadline (the cushion of
+  ``trio.testing.wait_all_tasks_blocked``): it arms nothing. Arming for the
+  cushion instead would fire as the cushion ends, and a loop that sees an
+  event never counts as idle, so ``wait_all_tasks_blocked`` would never
+  return. A timer still armed for an earlier deadline is disarmed.
+- No deadline at all, or the same deadline as already armed: nothing to do.
 
-It is enabled only under trio's own ``SystemClock`` on 64-bit Linux with a libc
-that has ``timerfd_create``. A ``MockClock`` (autojump) measures virtual time, so
-a real timer there would keep the loop from ever looking idle. Elsewhere (or
-when the fd cannot be created) the queue simply runs without it. One run gets
-one: a second queue opened while the first is open relies on the first's, and
-loses it when the first closes.
+It runs only under trio's own ``SystemClock`` on 64-bit Linux with a libc that
+has ``timerfd_create``. A ``MockClock``'s deadlines are virtual seconds, not
+seconds a real timer could wait. Elsewhere, or when the fd cannot be created,
+queues run without it.
+
+One service serves a whole run: the first queue to open starts it, the last to
+close stops it and waits until its task has ended, whatever order queues open
+and close in. It affects every task of the run while it runs: their sleeps end
+on time too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import logging
 import os
 import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import attrs
 import trio
 
+__all__ = ["precise_wakeups", "supported"]
+
+logger = logging.getLogger("trioq")
+
 _CLOCK_MONOTONIC = 1  # trio's SystemClock reads time.perf_counter(): CLOCK_MONOTONIC on Linux
-_active: trio.lowlevel.RunVar[bool] = trio.lowlevel.RunVar("trioq_precise_wakeups", default=False)
 
 
 class _Timespec(ctypes.Structure):
@@ -51,12 +61,16 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
-def _load_libc() -> ctypes.CDLL | None:
-    """libc with ``timerfd_create``/``timerfd_settime`` typed, or None where there is none."""
+def _load_libc() -> Any:
+    """The process's libc with ``timerfd_*`` typed, or None where there is none.
+
+    ``CDLL(None)`` is the symbols already loaded into the interpreter (libc
+    among them): no library search, no subprocess.
+    """
     if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_long) != 8:
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         create, settime = libc.timerfd_create, libc.timerfd_settime
     except (OSError, AttributeError):
         return None
@@ -69,63 +83,99 @@ def _load_libc() -> ctypes.CDLL | None:
 _libc = _load_libc()
 
 
+def _check(result: int, call: str) -> int:
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{call}: {os.strerror(errno)}")
+    return result
+
+
 class Timerfd:
-    """A non-blocking CLOCK_MONOTONIC timerfd, armed relative to now."""
+    """A non-blocking CLOCK_MONOTONIC timerfd, armed relative to now.
+
+    ``armed_for`` is the deadline (any clock's number) it was last armed for,
+    None once it fired and was read, or was disarmed.
+    """
 
     def __init__(self) -> None:
         if _libc is None:
             raise OSError("timerfd is not available on this platform")
-        fd: int = _libc.timerfd_create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd < 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"timerfd_create: {os.strerror(errno)}")
-        self.fd = fd
-        self.armed = False
+        self.fd: int = _check(_libc.timerfd_create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC), "timerfd_create")
+        self.armed_for: float | None = None
         self._spec = _Itimerspec()
         self._ref = ctypes.byref(self._spec)
 
-    def arm(self, seconds: float) -> None:
+    def arm(self, seconds: float, deadline: float) -> None:
         """Fire once, ``seconds`` (> 0) from now; replaces any earlier arming."""
         whole = int(seconds)
         self._set(whole, int((seconds - whole) * 1e9) or 1)  # (0, 0) would disarm
-        self.armed = True
+        self.armed_for = deadline
 
     def disarm(self) -> None:
         self._set(0, 0)
-        self.armed = False
+        self.armed_for = None
 
     def _set(self, sec: int, nsec: int) -> None:
         value = self._spec.it_value
         value.tv_sec, value.tv_nsec = sec, nsec
-        assert _libc is not None
-        if _libc.timerfd_settime(self.fd, 0, self._ref, None) < 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"timerfd_settime: {os.strerror(errno)}")
+        _check(_libc.timerfd_settime(self.fd, 0, self._ref, None), "timerfd_settime")
 
     def consume(self) -> None:
-        """Read the expiry count if it fired (it may have been re-armed since)."""
-        with contextlib.suppress(BlockingIOError):  # re-armed since it fired: nothing to read
+        """Read the expiry count. Nothing to read means it was re-armed since it fired."""
+        try:
             os.read(self.fd, 8)
-        self.armed = False
+        except BlockingIOError:
+            return
+        self.armed_for = None
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close the fd (after telling trio); a second call does nothing."""
+        if self.fd >= 0:
+            trio.lowlevel.notify_closing(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _deadline_reader() -> Callable[[], tuple[float, float]]:
+    """A function returning (the run's next deadline, now), both on the run's clock.
+
+    trio's public way, ``current_statistics()``, also walks every fd registered
+    with epoll, on every blocking wait; a server with thousands of connections
+    would pay that each time. So the runner's deadline heap is read directly,
+    falling back to the public way if a trio version moved it.
+    """
+    try:
+        runner = trio._core._run.GLOBAL_RUN_CONTEXT.runner
+        next_deadline: Callable[[], float] = runner.deadlines.next_deadline
+        now: Callable[[], float] = runner.clock.current_time
+    except AttributeError:
+
+        def public() -> tuple[float, float]:
+            current = trio.current_time()
+            return current + trio.lowlevel.current_statistics().seconds_to_next_deadline, current
+
+        return public
+    return lambda: (next_deadline(), now())
 
 
 class _ArmForNextDeadline(trio.abc.Instrument):
     """Before each blocking I/O wait, arm the timerfd for the run's next deadline."""
 
-    def __init__(self, timer: Timerfd) -> None:
+    def __init__(self, timer: Timerfd, read_deadline: Callable[[], tuple[float, float]]) -> None:
         self._timer = timer
+        self._read_deadline = read_deadline
 
     def before_io_wait(self, timeout: float) -> None:
         if timeout <= 0:
             return
-        left = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        deadline, now = self._read_deadline()
+        left = deadline - now
+        timer = self._timer
         if 0 < left <= timeout:
-            self._timer.arm(left)
-        elif self._timer.armed:
-            self._timer.disarm()
+            if timer.armed_for != deadline:
+                timer.arm(left, deadline)
+        elif timer.armed_for is not None:
+            timer.disarm()
 
 
 def _uses_system_clock() -> bool:
@@ -134,35 +184,78 @@ def _uses_system_clock() -> bool:
 
 
 def supported() -> bool:
-    """Whether :func:`run_precise_wakeups` would arm a timer in this run."""
+    """Whether :func:`precise_wakeups` would run in this run."""
     return _libc is not None and _uses_system_clock()
 
 
-async def run_precise_wakeups(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Keep deadlines waking on time until cancelled (see the module docstring).
+@attrs.define(eq=False)
+class _Service:
+    """The run's one timerfd, its instrument, and the system task that reads it."""
 
-    Reports started at once and returns where it does not apply: another queue
-    in this run already runs it, the clock is not trio's ``SystemClock``, or
-    there is no timerfd. Cancelled, it removes its instrument and closes its fd.
-    """
-    if _active.get() or not supported():
-        task_status.started()
-        return
+    timer: Timerfd
+    instrument: _ArmForNextDeadline
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    ended: trio.Event = attrs.Factory(trio.Event)
+    users: int = 0
+
+    async def read_timer(self) -> None:
+        """Consume each expiry until cancelled; then uninstall. Never raises.
+
+        A system task's exception would crash the whole run, so an unexpected
+        error is logged and ends the service: deadlines then wake as trio
+        alone wakes them.
+        """
+        try:
+            with self.scope:
+                while True:
+                    await trio.lowlevel.wait_readable(self.timer.fd)
+                    self.timer.consume()
+        except Exception:
+            logger.exception("trioq: precise timer wake-ups stopped; deadlines now wake at trio's own precision")
+        finally:
+            with contextlib.suppress(KeyError):  # trio dropped it already, after logging its hook's error
+                trio.lowlevel.remove_instrument(self.instrument)
+            self.timer.close()
+            self.ended.set()
+
+
+_service: trio.lowlevel.RunVar[_Service | None] = trio.lowlevel.RunVar("trioq_precise_wakeups", default=None)
+
+
+def _start() -> _Service | None:
     try:
         timer = Timerfd()
-    except OSError:
-        task_status.started()  # e.g. a seccomp filter refusing timerfd_create: run without it
+    except OSError as exc:  # e.g. a seccomp filter refusing timerfd_create
+        logger.info("trioq: no precise timer wake-ups (%s)", exc)
+        return None
+    service = _Service(timer, _ArmForNextDeadline(timer, _deadline_reader()))
+    trio.lowlevel.add_instrument(service.instrument)
+    trio.lowlevel.spawn_system_task(service.read_timer, name="trioq precise wake-ups")
+    return service
+
+
+@contextlib.asynccontextmanager
+async def precise_wakeups() -> AsyncIterator[None]:
+    """Deadlines of this run wake on time while inside (see the module docstring).
+
+    Does nothing where it is not supported. The last user to leave cancels the
+    service and waits until its task has uninstalled everything, so nothing of
+    it outlives the last queue.
+    """
+    service = _service.get()
+    if service is None and supported():
+        service = _start()
+        _service.set(service)
+    if service is None:
+        yield
         return
-    instrument = _ArmForNextDeadline(timer)
-    _active.set(True)
-    trio.lowlevel.add_instrument(instrument)
+    service.users += 1
     try:
-        task_status.started()
-        while True:
-            await trio.lowlevel.wait_readable(timer.fd)
-            timer.consume()
+        yield
     finally:
-        _active.set(False)
-        with contextlib.suppress(KeyError):  # trio removed it already, after logging its hook's error
-            trio.lowlevel.remove_instrument(instrument)
-        timer.close()
+        service.users -= 1
+        if service.users == 0:
+            _service.set(None)
+            service.scope.cancel()
+            with trio.CancelScope(shield=True):
+                await service.ended.wait()
