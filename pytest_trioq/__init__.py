@@ -155,11 +155,11 @@ def _amount(name: str, value: Any, where: str) -> dict[str, Any]:
         return {}
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return {"times": value}
-    if isinstance(value, float) and 0.0 < value <= 1.0:
-        return {"prob": value}
+    if isinstance(value, float) and 0.0 <= value <= 1.0:
+        return {"prob": value}  # 0.0 never hits, as FaultPlan's prob=0.0: a parametrised test can turn it off
     _usage_error(
         f"{where}: trioq_faults({name}={value!r}): give an int N >= 1 (the first N attempts of each job), "
-        "a float p in (0, 1] (each attempt with probability p), or True (every attempt)"
+        "a float p in [0, 1] (each attempt with probability p), or True (every attempt)"
     )
 
 

@@ -221,6 +221,35 @@ def test_marker_hang_on_a_task_without_deadline(pytester: pytest.Pytester) -> No
     )
 
 
+def test_marker_probabilities_match_fault_plan(pytester: pytest.Pytester) -> None:
+    # FaultPlan takes prob from 0 to 1; the marker takes the same floats, and says so when refused.
+    result = run(
+        pytester,
+        """
+        @pytest.mark.trio
+        @pytest.mark.parametrize(
+            "state, attempts",
+            [
+                pytest.param("succeeded", 1, marks=pytest.mark.trioq_faults(fail=0.0, task="t")),
+                pytest.param("dead", 5, marks=pytest.mark.trioq_faults(fail=1.0, task="t")),
+            ],
+        )
+        async def test_marked(state, attempts, trioq_open_queue, autojump_clock):
+            async with trioq_open_queue(registry) as queue:
+                job = await queue.enqueue("t")
+                done = await queue.wait(job.id)
+            assert (done.state, done.attempts) == (state, attempts)
+
+        @pytest.mark.trio
+        @pytest.mark.trioq_faults(hang=1.5)
+        async def test_refused(trioq_open_queue, autojump_clock):
+            pass
+        """,
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*trioq_faults(hang=1.5): give an int N >= 1*a float p in [[]0, 1] (each*"])
+
+
 def test_marker_without_the_fixtures(pytester: pytest.Pytester) -> None:
     result = run(
         pytester,
