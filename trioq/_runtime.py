@@ -221,7 +221,8 @@ class Queue:
         store that logs, once that outcome is durable.
 
         Raises :class:`~trioq.JobNotFound` for an unknown id, and a
-        ``TimeoutError`` (``trioq``'s ``WaitTimeout``) after ``timeout`` seconds.
+        ``TimeoutError`` (``trioq``'s ``WaitTimeout``) after ``timeout`` seconds,
+        also when the job is terminal but its outcome is not yet durable by then.
         """
         deadline = math.inf if timeout is None else trio.current_time() + _number("timeout", timeout)
         await trio.lowlevel.checkpoint()
@@ -237,8 +238,12 @@ class Queue:
                 if job.state.terminal:
                     # The table can be ahead of the log: a worker does not wait
                     # for its outcome's record. Whoever waits hears of it once durable.
-                    await self.store.sync()
-                    return job
+                    with trio.move_on_at(deadline):
+                        await self.store.sync()
+                        return job
+                    raise WaitTimeout(
+                        f"job {job_id} is {job.state.value}, but its outcome was not yet durable after {timeout:g}s"
+                    )
                 with trio.move_on_at(deadline):
                     await event.wait()
                     continue
