@@ -9,6 +9,7 @@ so the copy holds exactly what a ``kill -9`` at that moment would leave.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -171,6 +172,32 @@ async def test_always_pads_the_open_segment_with_zeros_and_trims_it_at_close(tmp
         assert len(data) == 256 * 1024  # min(PREALLOC_STEP, segment_size)
         assert data[end:] == bytes(len(data) - end)
     assert segment.stat().st_size == end  # trimmed: a closed segment is its records
+
+
+async def test_a_disk_too_full_to_pad_ahead_still_takes_a_batch_that_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    room = 4096  # bytes the "disk" lets the open segment grow to
+    real_write_at = _writer._write_at
+
+    def small_disk(fd: int, data: bytes | memoryview, offset: int) -> None:
+        if offset + len(data) > room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write_at(fd, data, offset)
+
+    async with opened(wal, clock, fsync="always", segment_size=256 * 1024) as store:
+        monkeypatch.setattr(_writer, "_write_at", small_disk)
+        jobs = await store.add([new_job(clock, n=i) for i in range(3)])  # a few hundred bytes: fits
+        (segment,) = segments(wal)
+        end = scan_segment(str(segment)).committed_end
+        assert segment.stat().st_size == end  # zeros only up to the batch, none ahead
+        more = await store.add([new_job(clock, n=3)])  # and the next batch that fits, too
+    monkeypatch.undo()
+    jobs += more
+    async with opened(wal, clock) as store:
+        assert [(await store.get(j.id)).state for j in jobs] == [JobState.READY] * 4
 
 
 async def test_padding_left_by_a_crash_is_not_damage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

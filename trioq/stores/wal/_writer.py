@@ -31,6 +31,7 @@ disk out of order, and a machine crash could leave a hole before a commit.
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
 import os
@@ -450,8 +451,23 @@ class LogWriter:
             self._dirty = False
 
     def _zero_fill(self, end: int) -> None:
-        """Extend the open segment with zeros to at least ``end`` (synced with the next commit)."""
+        """Extend the open segment with zeros to at least ``end`` (synced with the next commit).
+
+        It fills up to :data:`PREALLOC_STEP` ahead. A disk too full for that
+        (ENOSPC) gets the part written cut off again and zeros only up to
+        ``end``: the padding is an optimisation, and must not refuse a batch
+        that still fits. ENOSPC for ``end`` itself is the caller's error.
+        """
         target = max(end, min(self._allocated + PREALLOC_STEP, self.segment_size))
+        try:
+            self._fill_to(target)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or target == end:
+                raise
+            os.ftruncate(self._fd, self._allocated)
+            self._fill_to(end)
+
+    def _fill_to(self, target: int) -> None:
         for offset in range(self._allocated, target, PREALLOC_STEP):
             _write_at(self._fd, _ZEROS[: min(PREALLOC_STEP, target - offset)], offset)
         self._allocated = target
