@@ -171,6 +171,8 @@ async def test_always_pads_the_open_segment_with_zeros_and_trims_it_at_close(tmp
         end = scan_segment(str(segment)).committed_end
         assert len(data) == 256 * 1024  # min(PREALLOC_STEP, segment_size)
         assert data[end:] == bytes(len(data) - end)
+        usage = store.disk_usage()
+        assert (usage["bytes"], usage["padding_bytes"]) == (end, len(data) - end)
     assert segment.stat().st_size == end  # trimmed: a closed segment is its records
 
 

@@ -227,6 +227,11 @@ class LogWriter:
         return sum(size for _, size in self._segments.values())
 
     @property
+    def padding_bytes(self) -> int:
+        """Zeros past the open segment's records (``fsync="always"`` pads ahead; else 0)."""
+        return max(self._allocated - self._segment_bytes, 0)
+
+    @property
     def segments(self) -> dict[int, tuple[str, int]]:
         return dict(self._segments)
 

@@ -212,8 +212,18 @@ class WALStore(TableStore):
         await self._writer.request_checkpoint()
 
     def disk_usage(self) -> dict[str, Any]:
-        """Segments on disk (``{number: (path, bytes)}``) and their total, while open."""
+        """Segments on disk (``{number: (path, bytes of records)}``), their total, and padding, while open.
+
+        ``bytes`` counts records only. With ``fsync="always"`` the open segment
+        also holds up to 1 MiB of zeros past its records (the writer pads ahead
+        so a sync flushes data only); ``padding_bytes`` is that, and is cut off
+        when the segment is left or the store closes.
+        """
         if self._writer is None:
             raise RuntimeError("WALStore is not open")
         segments = self._writer.segments
-        return {"segments": segments, "bytes": sum(size for _, size in segments.values())}
+        return {
+            "segments": segments,
+            "bytes": sum(size for _, size in segments.values()),
+            "padding_bytes": self._writer.padding_bytes,
+        }
