@@ -465,25 +465,6 @@ async def test_wait_times_out_with_timeout_error(autojump_clock: trio.testing.Mo
             await queue.wait(job.id, timeout=0)
 
 
-async def test_wait_timeout_also_bounds_waiting_for_durability(
-    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    registry = trioq.Registry()
-
-    @registry.task
-    async def noop(ctx: trioq.JobContext) -> None: ...
-
-    async with trioq.open_queue(registry, workers=1) as queue:
-        job = await queue.enqueue("noop")
-        await queue.join()
-        monkeypatch.setattr(queue.store, "sync", trio.sleep_forever)  # a disk that never answers
-        not_durable = "succeeded, but its outcome was not yet durable"
-        with trio.fail_after(60), pytest.raises(trioq.WaitTimeout, match=not_durable):
-            await queue.wait(job.id, timeout=5)
-        monkeypatch.undo()
-        assert (await queue.wait(job.id, timeout=5)).state is JobState.SUCCEEDED
-
-
 async def test_job_context_exposes_job_and_attempt(autojump_clock: trio.testing.MockClock) -> None:
     registry = trioq.Registry()
     seen: list[tuple[str, int, int, bool]] = []

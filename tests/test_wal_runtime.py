@@ -164,3 +164,26 @@ async def test_a_cancel_during_the_durability_wait_still_wakes_the_workers(
             await queue.join()
             stats = await queue.stats()
     assert stats["totals"]["enqueued"] == 2 and stats["jobs"]["succeeded"] == 2
+
+
+async def test_wait_with_timeout_zero_returns_a_durable_job_while_others_are_in_flight(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # sync() waits for every pending record; bounding it by the timeout made
+    # wait(timeout=0) on a long-durable job fail whenever another job's
+    # outcome was still waiting for its (lazy) commit.
+    registry = trioq.Registry()
+
+    @registry.task
+    async def quick(ctx: trioq.JobContext) -> None:
+        await trio.sleep(0.001)  # succeeds after its ADD's commit: the success waits for the next
+
+    async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path / "wal", fsync="always")) as queue:
+        first = await queue.enqueue("quick")
+        await queue.join()  # first is succeeded and durable
+        second = await queue.enqueue("quick")
+        await trio.sleep(0.01)  # virtual: it ran, well inside the 50 ms a lazy record may wait
+        assert (await queue.store.get(second.id)).state is JobState.SUCCEEDED
+        assert queue.store._writer is not None and queue.store._writer.busy  # second's success: not yet committed
+        done = await queue.wait(first.id, timeout=0)
+        assert done.state is JobState.SUCCEEDED
