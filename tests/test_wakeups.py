@@ -57,6 +57,13 @@ def test_a_wait_shorter_than_the_deadline_arms_nothing_and_disarms() -> None:
     assert [kind for kind, _ in timer.calls] == ["arm", "disarm"]
 
 
+def test_a_deadline_that_just_passed_is_armed_for_a_nanosecond() -> None:
+    # trio computed a sliver of a timeout; epoll would round it up to 1 ms.
+    hook, timer = hook_with(deadline=99.9999)
+    hook.before_io_wait(0.000001)
+    assert timer.calls == [("arm", 1e-9)]
+
+
 def test_no_deadline_arms_nothing() -> None:
     hook, timer = hook_with(deadline=math.inf)
     hook.before_io_wait(86400.0)  # trio's cap on an unbounded wait
@@ -102,24 +109,28 @@ def _instrument_hooks() -> set[str]:
 
 @linux_only
 async def test_a_queue_wakes_its_sleepers_through_the_timerfd(monkeypatch: pytest.MonkeyPatch) -> None:
-    counts = {"arm": 0, "consume": 0}
+    armed: list[float] = []
+    consumed: list[float | None] = []
     arm, consume = Timerfd.arm, Timerfd.consume
 
-    def counting_arm(self: Timerfd, seconds: float, deadline: float) -> None:
-        counts["arm"] += 1
+    def recording_arm(self: Timerfd, seconds: float, deadline: float) -> None:
+        armed.append(deadline)
         arm(self, seconds, deadline)
 
-    def counting_consume(self: Timerfd) -> None:
-        counts["consume"] += 1
+    def recording_consume(self: Timerfd) -> None:
+        consumed.append(self.armed_for)
         consume(self)
 
-    monkeypatch.setattr(Timerfd, "arm", counting_arm)
-    monkeypatch.setattr(Timerfd, "consume", counting_consume)
+    monkeypatch.setattr(Timerfd, "arm", recording_arm)
+    monkeypatch.setattr(Timerfd, "consume", recording_consume)
     async with trioq.open_queue(trioq.Registry(), workers=1):
+        deadlines = []
         for _ in range(3):
-            await trio.sleep(0.003)
-    assert counts["arm"] >= 3
-    assert counts["consume"] >= 1
+            deadlines.append(trio.current_time() + 0.003)
+            await trio.sleep_until(deadlines[-1])
+    # Each of this task's deadlines was armed, and the fd woke the loop for it.
+    assert set(deadlines) <= set(armed)
+    assert set(deadlines) <= set(consumed)
 
 
 @linux_only
@@ -221,3 +232,28 @@ async def test_no_timerfd_no_service(monkeypatch: pytest.MonkeyPatch) -> None:
     async with trioq.open_queue(trioq.Registry(), workers=1):
         assert _wakeups._service.get() is None
         await trio.sleep(0.002)
+
+
+@linux_only
+async def test_a_run_that_takes_no_new_system_task_gets_no_service_and_keeps_no_fd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At the end of a run (an async generator closed by trio) the system
+    # nursery refuses new tasks: nothing may be left installed or open.
+    made: list[Timerfd] = []
+    init = Timerfd.__init__
+
+    def recording_init(self: Timerfd) -> None:
+        init(self)
+        made.append(self)
+
+    def closed(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Nursery is closed to new arrivals")
+
+    monkeypatch.setattr(Timerfd, "__init__", recording_init)
+    monkeypatch.setattr(trio.lowlevel, "spawn_system_task", closed)
+    async with trioq.open_queue(trioq.Registry(), workers=1):
+        assert _wakeups._service.get() is None
+        assert "before_io_wait" not in _instrument_hooks()
+        await trio.sleep(0.002)
+    assert len(made) == 1 and made[0].fd == -1

@@ -3,8 +3,9 @@
 trio waits for I/O with ``epoll.poll(timeout)``, and CPython rounds that
 timeout *up* to whole milliseconds. A task whose deadline is 19.2 ms away is
 woken at 20 ms, and every deadline reached between two milliseconds pays the
-rest of the millisecond. For a worker that sleeps 20 ms per job that is ~2-5 %
-of its throughput, paid again on every job.
+rest of the millisecond: up to 5 % of a 20 ms job, paid again on every job
+(measured here: 16 trioq workers sleeping 20 ms per job went from 0.92-0.95 of
+the ideal rate to 0.98).
 
 :func:`precise_wakeups` closes that gap while a queue is open. An instrument's
 ``before_io_wait`` hook arms a timerfd (nanosecond resolution) for the run's
@@ -21,6 +22,8 @@ The hook arms only when the loop is about to block *until that deadline*:
   event never counts as idle, so ``wait_all_tasks_blocked`` would never
   return. A timer still armed for an earlier deadline is disarmed.
 - No deadline at all, or the same deadline as already armed: nothing to do.
+- The deadline passed since trio computed the timeout: armed for 1 ns, so the
+  wait ends at once rather than at the next whole millisecond.
 
 It runs only under trio's own ``SystemClock`` on 64-bit Linux with a libc that
 has ``timerfd_create``. A ``MockClock``'s deadlines are virtual seconds, not
@@ -171,9 +174,11 @@ class _ArmForNextDeadline(trio.abc.Instrument):
         deadline, now = self._read_deadline()
         left = deadline - now
         timer = self._timer
-        if 0 < left <= timeout:
+        if left <= timeout:
+            # A deadline that passed since trio computed ``timeout`` gets 1 ns:
+            # epoll would otherwise round the last sliver up to a millisecond.
             if timer.armed_for != deadline:
-                timer.arm(left, deadline)
+                timer.arm(max(left, 1e-9), deadline)
         elif timer.armed_for is not None:
             timer.disarm()
 
@@ -206,6 +211,9 @@ class _Service:
         alone wakes them.
         """
         try:
+            # Installed here, not by the opener: whatever ends this task, its
+            # finally uninstalls it, and a spawn that fails installs nothing.
+            trio.lowlevel.add_instrument(self.instrument)
             with self.scope:
                 while True:
                     await trio.lowlevel.wait_readable(self.timer.fd)
@@ -229,9 +237,37 @@ def _start() -> _Service | None:
         logger.info("trioq: no precise timer wake-ups (%s)", exc)
         return None
     service = _Service(timer, _ArmForNextDeadline(timer, _deadline_reader()))
-    trio.lowlevel.add_instrument(service.instrument)
-    trio.lowlevel.spawn_system_task(service.read_timer, name="trioq precise wake-ups")
+    try:
+        trio.lowlevel.spawn_system_task(service.read_timer, name="trioq precise wake-ups")
+    except RuntimeError as exc:  # the run is ending: its system nursery takes no new task
+        timer.close()
+        logger.info("trioq: no precise timer wake-ups (%s)", exc)
+        return None
     return service
+
+
+@trio.lowlevel.enable_ki_protection
+def _acquire() -> _Service | None:
+    """Join the run's service, starting it if there is none (and it is supported)."""
+    service = _service.get()
+    if service is None and supported():
+        service = _start()
+        _service.set(service)
+    if service is not None:
+        service.users += 1
+    return service
+
+
+@trio.lowlevel.enable_ki_protection
+def _release(service: _Service) -> bool:
+    """Leave the service; True if this was its last user, who must wait for ``ended``."""
+    service.users -= 1
+    if service.users:
+        return False
+    if _service.get() is service:
+        _service.set(None)
+    service.scope.cancel()
+    return True
 
 
 @contextlib.asynccontextmanager
@@ -240,22 +276,13 @@ async def precise_wakeups() -> AsyncIterator[None]:
 
     Does nothing where it is not supported. The last user to leave cancels the
     service and waits until its task has uninstalled everything, so nothing of
-    it outlives the last queue.
+    it outlives the last queue (a KeyboardInterrupt during that wait leaves the
+    task to finish its cleanup a moment later, on its own).
     """
-    service = _service.get()
-    if service is None and supported():
-        service = _start()
-        _service.set(service)
-    if service is None:
-        yield
-        return
-    service.users += 1
+    service = _acquire()
     try:
         yield
     finally:
-        service.users -= 1
-        if service.users == 0:
-            _service.set(None)
-            service.scope.cancel()
+        if service is not None and _release(service):
             with trio.CancelScope(shield=True):
                 await service.ended.wait()
