@@ -184,8 +184,11 @@ async def test_a_disk_too_full_to_pad_ahead_still_takes_a_batch_that_fits(
     room = 4096  # bytes the "disk" lets the open segment grow to
     real_write_at = _writer._write_at
 
+    refused: list[int] = []
+
     def small_disk(fd: int, data: bytes | memoryview, offset: int) -> None:
         if offset + len(data) > room:
+            refused.append(offset)
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write_at(fd, data, offset)
 
@@ -196,6 +199,7 @@ async def test_a_disk_too_full_to_pad_ahead_still_takes_a_batch_that_fits(
         end = scan_segment(str(segment)).committed_end
         assert segment.stat().st_size == end  # zeros only up to the batch, none ahead
         more = await store.add([new_job(clock, n=3)])  # and the next batch that fits, too
+        assert len(refused) == 1  # padding ahead was tried once, not again on every commit
     monkeypatch.undo()
     jobs += more
     async with opened(wal, clock) as store:

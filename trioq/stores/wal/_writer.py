@@ -150,6 +150,8 @@ class LogWriter:
         self._segment_bytes = 0
         #: Size of the open segment's file: its records, then zeros (see PREALLOC_STEP).
         self._allocated = 0
+        #: How far ahead of its records the open segment is zero-filled (0 after an ENOSPC).
+        self._pad_step = PREALLOC_STEP
         # Sizes of every segment on disk, the open one last.
         self._segments: dict[int, tuple[str, int]] = {n: (path, os.path.getsize(path)) for n, path in old_segments}
         # Bytes known to be synced, per segment created by this writer (a
@@ -461,15 +463,17 @@ class LogWriter:
         It fills up to :data:`PREALLOC_STEP` ahead. A disk too full for that
         (ENOSPC) gets the part written cut off again and zeros only up to
         ``end``: the padding is an optimisation, and must not refuse a batch
-        that still fits. ENOSPC for ``end`` itself is the caller's error.
+        that still fits. The rest of that segment is then padded batch by
+        batch, not ahead. ENOSPC for ``end`` itself is the caller's error.
         """
-        target = max(end, min(self._allocated + PREALLOC_STEP, self.segment_size))
+        target = max(end, min(self._allocated + self._pad_step, self.segment_size))
         try:
             self._fill_to(target)
         except OSError as exc:
             if exc.errno != errno.ENOSPC or target == end:
                 raise
             os.ftruncate(self._fd, self._allocated)
+            self._pad_step = 0  # until the next segment: no filling the disk up on every commit
             self._fill_to(end)
 
     def _fill_to(self, target: int) -> None:
@@ -525,6 +529,7 @@ class LogWriter:
             os.close(self._fd)
         self._fd = fd
         self._allocated = len(data)
+        self._pad_step = PREALLOC_STEP
         self._dirty = False
         self._synced[number] = len(data) if synced else 0
         self._segment = number
