@@ -59,7 +59,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{_MARKER}(fail=None, hang=None, delay=None, task='*', when='before', seed=None, error=None): "
         "inject faults through the trioq_faults / trioq_open_queue fixtures. fail/hang: an int N (first N "
-        "attempts of each job), a float p (each attempt with probability p) or True (every attempt); "
+        "attempts of each job), a float p (each attempt with probability p), True (every attempt) or "
+        "False/0 (off); "
         "delay: seconds before every attempt; task: a task name or a list of them ('*' = every task).",
     )
 
@@ -153,13 +154,15 @@ def _amount(name: str, value: Any, where: str) -> dict[str, Any]:
     """A marker's ``fail=``/``hang=`` value as FaultPlan arguments."""
     if value is True:
         return {}
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if value is False or (isinstance(value, int) and value == 0):
+        return {"prob": 0.0}  # off: a parametrised test can turn a fault off without dropping the marker
+    if isinstance(value, int) and value >= 1:
         return {"times": value}
     if isinstance(value, float) and 0.0 <= value <= 1.0:
-        return {"prob": value}  # 0.0 never hits, as FaultPlan's prob=0.0: a parametrised test can turn it off
+        return {"prob": value}  # 0.0 never hits, as FaultPlan's prob=0.0
     _usage_error(
-        f"{where}: trioq_faults({name}={value!r}): give an int N >= 1 (the first N attempts of each job), "
-        "a float p in [0, 1] (each attempt with probability p), or True (every attempt)"
+        f"{where}: trioq_faults({name}={value!r}): give an int N >= 0 (the first N attempts of each job; 0 is "
+        "off), a float p in [0, 1] (each attempt with probability p), True (every attempt) or False (off)"
     )
 
 

@@ -222,7 +222,8 @@ def test_marker_hang_on_a_task_without_deadline(pytester: pytest.Pytester) -> No
 
 
 def test_marker_probabilities_match_fault_plan(pytester: pytest.Pytester) -> None:
-    # FaultPlan takes prob from 0 to 1; the marker takes the same floats, and says so when refused.
+    # FaultPlan takes prob from 0 to 1; the marker takes the same floats, 0 and False as off, and
+    # says so when refused.
     result = run(
         pytester,
         """
@@ -231,6 +232,8 @@ def test_marker_probabilities_match_fault_plan(pytester: pytest.Pytester) -> Non
             "state, attempts",
             [
                 pytest.param("succeeded", 1, marks=pytest.mark.trioq_faults(fail=0.0, task="t")),
+                pytest.param("succeeded", 1, marks=pytest.mark.trioq_faults(fail=0, task="t")),
+                pytest.param("succeeded", 1, marks=pytest.mark.trioq_faults(fail=False, task="t")),
                 pytest.param("dead", 5, marks=pytest.mark.trioq_faults(fail=1.0, task="t")),
             ],
         )
@@ -246,8 +249,8 @@ def test_marker_probabilities_match_fault_plan(pytester: pytest.Pytester) -> Non
             pass
         """,
     )
-    result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*trioq_faults(hang=1.5): give an int N >= 1*a float p in [[]0, 1] (each*"])
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(["*trioq_faults(hang=1.5): give an int N >= 0*a float p in [[]0, 1] (each*"])
 
 
 def test_marker_without_the_fixtures(pytester: pytest.Pytester) -> None:
