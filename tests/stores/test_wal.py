@@ -1004,3 +1004,29 @@ def _replayed(log: bytes, offset: int, tmp: str, now: float, pad: int = 0) -> Po
     assert recovery.truncated_bytes + recovery.padding_bytes == offset + pad - os.path.getsize(segment)
     table.promote(now)
     return canon(table, offset, now)
+
+
+async def test_a_batch_wait_is_cancellable_or_defers_the_cancel_to_the_next_checkpoint() -> None:
+    batch = _writer._Batch()
+    with trio.move_on_after(0.01) as plain:
+        await batch.wait()
+    assert plain.cancelled_caught and batch._waiters == []  # a cancelled waiter leaves no trace
+
+    outcome: list[str] = []
+
+    async def committed_first() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()  # cancelled before and during the wait
+            await batch.wait(cancellable=False)
+            outcome.append("woken by the commit")
+            await trio.lowlevel.checkpoint()
+            outcome.append("not cancelled")  # pragma: no cover - the cancel must land above
+        outcome.append("cancelled at the next checkpoint")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(committed_first)
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcome == []
+        batch.set_done()
+    assert outcome == ["woken by the commit", "cancelled at the next checkpoint"]
+    await batch.wait(cancellable=False)  # already done: returns at once

@@ -38,6 +38,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -86,13 +87,52 @@ def virtual_time() -> bool:
 
 
 class _Batch:
-    """The records of one group commit and the event that says they are durable."""
+    """The records of one group commit, and the callers waiting for them to be committed.
 
-    __slots__ = ("done", "error")
+    A plain ``trio.Event`` would do, but a store transition already applied
+    must wait for its record without being cancellable, and a shielded
+    ``CancelScope`` per call costs ~7 µs in trio 0.35: a third of an enqueue.
+    :meth:`wait` with ``cancellable=False`` defers a cancel to the caller's
+    next checkpoint instead, as a shield would.
+    """
+
+    __slots__ = ("_done", "_waiters", "error")
 
     def __init__(self) -> None:
-        self.done = trio.Event()
+        self._done = False
+        self._waiters: list[trio.lowlevel.Task] = []
         self.error: BaseException | None = None
+
+    def is_done(self) -> bool:
+        return self._done
+
+    def set_done(self) -> None:
+        """Wake every waiter (``error`` says whether it failed); later calls do nothing."""
+        if self._done:
+            return
+        self._done = True
+        for task in self._waiters:
+            trio.lowlevel.reschedule(task)
+        self._waiters.clear()
+
+    async def wait(self, *, cancellable: bool = True) -> None:
+        """Until :meth:`set_done`; a checkpoint either way (a cancel-shielded one if not ``cancellable``)."""
+        if self._done:
+            if cancellable:
+                await trio.lowlevel.checkpoint()
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        task = trio.lowlevel.current_task()
+        self._waiters.append(task)
+
+        def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+            if not cancellable:
+                return trio.lowlevel.Abort.FAILED  # woken by set_done; the cancel lands at the next checkpoint
+            self._waiters.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 def fsync_dir(directory: str) -> None:
@@ -203,8 +243,12 @@ class LogWriter:
         if not self._wake.is_set():
             self._wake.set()
 
-    async def flush(self) -> None:
-        """Until every record appended so far is committed (written; synced with "always")."""
+    async def flush(self, *, cancellable: bool = True) -> None:
+        """Until every record appended so far is committed (written; synced with "always").
+
+        With ``cancellable=False`` a cancel does not cut the wait short: it is
+        delivered at the caller's next checkpoint (see :class:`_Batch`).
+        """
         if self._pending:
             batch = self._batch
             if self._lazy_only:
@@ -215,7 +259,7 @@ class LogWriter:
             batch = self._inflight
         else:
             return
-        await batch.done.wait()
+        await batch.wait(cancellable=cancellable)
         if batch.error is not None:
             raise batch.error
 
@@ -327,7 +371,7 @@ class LogWriter:
         wanted = self._checkpoint_wanted
         if not self._wake.is_set():
             self._wake.set()
-        await wanted.done.wait()
+        await wanted.wait()
         if wanted.error is not None:
             raise wanted.error
 
@@ -346,7 +390,7 @@ class LogWriter:
         except BaseException as exc:
             self._abandon(wanted, exc)
             raise
-        wanted.done.set()
+        wanted.set_done()
 
     async def close(self) -> None:
         """Commit what is pending, then stop the writer task."""
@@ -429,17 +473,17 @@ class LogWriter:
         self.records_written += len(frames)
         self.batches_written += 1
         self._inflight = None
-        batch.done.set()
+        batch.set_done()
 
     def _abandon(self, batch: _Batch, exc: BaseException) -> None:
         """The writer failed (or was cancelled) before ``batch`` was durable: tell its waiters."""
-        if batch.done.is_set():
+        if batch.is_done():
             return
         if isinstance(exc, Exception):
             batch.error = exc
         else:  # a Cancelled belongs to the writer task; waiters get an error of their own
             batch.error = RuntimeError("the WAL writer stopped before these records were committed")
-        batch.done.set()
+        batch.set_done()
 
     def _write_and_sync(self, data: bytes) -> float:
         """Write and fdatasync ``data``; returns the seconds it took."""
@@ -576,7 +620,7 @@ class LogWriter:
             self._bytes_per_entry = max(len(body) / len(entries), 16.0)
         self.checkpoints += 1
         self._inflight = None
-        batch.done.set()
+        batch.set_done()
         return True
 
     def _delete_before(self, number: int) -> None:

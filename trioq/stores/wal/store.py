@@ -190,8 +190,7 @@ class WALStore(TableStore):
 
     async def _flush(self) -> None:
         assert self._writer is not None
-        with trio.CancelScope(shield=True):  # the transition has happened
-            await self._writer.flush()
+        await self._writer.flush(cancellable=False)  # the transition has happened
 
     async def sync(self) -> None:
         assert self._writer is not None
