@@ -7,7 +7,8 @@ reference model and checks the table's invariants after every step.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 import pytest
@@ -18,6 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from trioq import InvalidJob, Job, JobNotFound, JobState, _table
 from trioq._ready import CHUNK
 from trioq._table import JobTable
+
+E = TypeVar("E", bound=Exception)
 
 READY = JobState.READY
 SCHEDULED = JobState.SCHEDULED
@@ -937,6 +940,14 @@ class TableMachine(RuleBasedStateMachine):
         assert all_snapshots(self.table) == before
         assert self.table.counts() == counts
 
+    def refuses(self, error: type[E], call: Callable[[], object]) -> pytest.ExceptionInfo[E]:
+        """``call()`` raises ``error`` and leaves every job as it was."""
+        before = all_snapshots(self.table)
+        with pytest.raises(error) as info:
+            call()
+        assert all_snapshots(self.table) == before
+        return info
+
     # ------------------------------------------------------------------ rules
 
     @rule(dt=st.sampled_from([0.0, 1.0, 1.0, 2.0, 5.0]))
@@ -983,10 +994,11 @@ class TableMachine(RuleBasedStateMachine):
         job_id = self.pick(idx)
         if job_id not in self.model:
             return  # an evicted id may be reused by the table; not this test's business
-        before = all_snapshots(self.table)
-        with pytest.raises(InvalidJob):
-            self.table.add(job_id, "t", {}, priority=0, key=None, max_attempts=1, run_at=self.now, now=self.now)
-        assert all_snapshots(self.table) == before
+        now = self.now
+        self.refuses(
+            InvalidJob,
+            lambda: self.table.add(job_id, "t", {}, priority=0, key=None, max_attempts=1, run_at=now, now=now),
+        )
 
     @rule()
     def claim_next(self) -> None:
@@ -1011,14 +1023,10 @@ class TableMachine(RuleBasedStateMachine):
         job_id = self.pick(idx)
         job = self.model.get(job_id)
         if job is None:
-            with pytest.raises(JobNotFound):
-                self.table.claim(job_id)
+            self.refuses(JobNotFound, lambda: self.table.claim(job_id))
             return
         if job.state not in (READY, SCHEDULED):
-            before = all_snapshots(self.table)
-            with pytest.raises(InvalidJob):
-                self.table.claim(job_id)
-            assert all_snapshots(self.table) == before
+            self.refuses(InvalidJob, lambda: self.table.claim(job_id))
             return
         entry = self.table.claim(job_id)
         job.state = RUNNING
@@ -1081,8 +1089,7 @@ class TableMachine(RuleBasedStateMachine):
         job_id = self.pick(idx)
         job = self.model.get(job_id)
         if job is None:
-            with pytest.raises(JobNotFound):
-                self.table.cancel(job_id, self.now)
+            self.refuses(JobNotFound, lambda: self.table.cancel(job_id, self.now))
             return
         before = all_snapshots(self.table)
         entry, changed, running_epoch = self.table.cancel(job_id, self.now)
@@ -1102,15 +1109,11 @@ class TableMachine(RuleBasedStateMachine):
         job_id = self.pick(idx)
         job = self.model.get(job_id)
         if job is None:
-            with pytest.raises(JobNotFound):
-                self.table.retry(job_id, self.now)
+            self.refuses(JobNotFound, lambda: self.table.retry(job_id, self.now))
             return
         if job.state not in (DEAD, CANCELLED):
-            before = all_snapshots(self.table)
-            with pytest.raises(InvalidJob) as info:
-                self.table.retry(job_id, self.now)
+            info = self.refuses(InvalidJob, lambda: self.table.retry(job_id, self.now))
             assert info.value.field == "state"
-            assert all_snapshots(self.table) == before
             return
         entry = self.table.retry(job_id, self.now)
         assert entry.state is READY
@@ -1128,11 +1131,9 @@ class TableMachine(RuleBasedStateMachine):
         job_id = self.pick(idx)
         job = self.model.get(job_id)
         if job is None:
-            with pytest.raises(JobNotFound):
-                self.table.drop(job_id)
+            self.refuses(JobNotFound, lambda: self.table.drop(job_id))
         elif job.state not in TERMINAL:
-            with pytest.raises(InvalidJob):
-                self.table.drop(job_id)
+            self.refuses(InvalidJob, lambda: self.table.drop(job_id))
         else:
             self.table.drop(job_id)
             self.forget(job_id)
