@@ -1030,3 +1030,24 @@ async def test_a_batch_wait_is_cancellable_or_defers_the_cancel_to_the_next_chec
         batch.set_done()
     assert outcome == ["woken by the commit", "cancelled at the next checkpoint"]
     await batch.wait(cancellable=False)  # already done: returns at once
+
+
+async def test_a_checkpoint_a_power_cut_left_partly_unwritten_is_a_torn_write(tmp_path: Path) -> None:
+    # The crash came after the checkpoint's segment was created but before its
+    # sync returned, so the segments it replaces were not deleted yet: recovery
+    # must cut the torn checkpoint and replay them, not refuse to open.
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync="always") as store:
+        jobs = await store.add([new_job(clock, n=i, text="x" * 60) for i in range(300)])
+        before = crash_copy(wal, tmp_path / "before-checkpoint")
+        await store.checkpoint()
+        checkpoint_segment = segments(wal)[-1]
+        data = bytearray(checkpoint_segment.read_bytes())
+    *_, (marker, _) = _format._commits_after(bytes(data), HEADER_SIZE)
+    assert marker > HEADER_SIZE + 2 * _format.PAGE  # the checkpoint spans pages before its marker's
+    data[_format.PAGE : 2 * _format.PAGE] = bytes(_format.PAGE)  # one of its pages never reached the disk
+    (before / checkpoint_segment.name).write_bytes(bytes(data))
+    async with opened(before, clock) as store:
+        assert [(await store.get(j.id)).state for j in jobs] == [JobState.READY] * 300
+        assert store.recovery is not None and store.recovery.truncated_bytes > 0

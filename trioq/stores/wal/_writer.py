@@ -46,6 +46,7 @@ from ._format import (
     CHECKPOINT_BEGIN,
     CHECKPOINT_END,
     ENTRY,
+    HEADER_SIZE,
     chunk_crcs,
     commit_frame,
     frame,
@@ -607,8 +608,11 @@ class LogWriter:
         frames = [frame(CHECKPOINT_BEGIN, (len(entries),))]
         frames.extend(frame(ENTRY, fields) for fields in entries)
         frames.append(frame(CHECKPOINT_END, (len(entries),)))
-        frames.append(commit_frame(self._batch_no))
         body = b"".join(frames)
+        # Marked like every other batch: a power cut that leaves some of its
+        # pages unwritten is then a torn write to recovery, not corruption.
+        crcs = chunk_crcs(body, HEADER_SIZE) if self.fsync == "always" else ()
+        body += commit_frame(self._batch_no, HEADER_SIZE, crcs)
         try:
             await self._io(self._start_segment, self._segment + 1, body, durable=True)
             await self._io(self._delete_before, self._segment)
