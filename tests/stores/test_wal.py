@@ -1051,3 +1051,24 @@ async def test_a_checkpoint_a_power_cut_left_partly_unwritten_is_a_torn_write(tm
     async with opened(before, clock) as store:
         assert [(await store.get(j.id)).state for j in jobs] == [JobState.READY] * 300
         assert store.recovery is not None and store.recovery.truncated_bytes > 0
+
+
+async def test_a_requested_checkpoint_over_a_full_segment_starts_one_segment(tmp_path: Path) -> None:
+    # Pending records that fill the segment are committed first; the
+    # checkpoint then starts the next segment itself: no roll in between.
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, segment_size=64 * 1024) as store:
+        writer = store._writer
+        assert writer is not None
+        while writer._segment_bytes < 0.8 * writer.segment_size:
+            await store.add([new_job(clock, n=i) for i in range(50)])
+        first = writer._segment
+        assert writer._segment_bytes < writer.segment_size  # committed, under the size
+        with trio.fail_after(5):
+            while writer._segment_bytes + sum(map(len, writer._pending)) < writer.segment_size:
+                await claim(store)  # lazy records: pending, not committed
+        checkpoints = writer.checkpoints
+        await store.checkpoint()
+        assert (writer._segment, writer.checkpoints) == (first + 1, checkpoints + 1)
+

@@ -381,11 +381,10 @@ class LogWriter:
         assert wanted is not None
         self._checkpoint_wanted = None
         if self._pending:
+            # No roll after it even if the segment is full: the checkpoint
+            # starts the next segment itself (a roll would open one more, or
+            # write the checkpoint twice).
             await self._commit_pending()
-            # A kill can land while a commit's sync runs in a thread; rolling
-            # would then do I/O after death (and raise instead of stopping).
-            if self._killed is None and self._segment_bytes >= self.segment_size:
-                await self._roll()
         try:
             await self.checkpoint()
         except BaseException as exc:
