@@ -1071,4 +1071,3 @@ async def test_a_requested_checkpoint_over_a_full_segment_starts_one_segment(tmp
         checkpoints = writer.checkpoints
         await store.checkpoint()
         assert (writer._segment, writer.checkpoints) == (first + 1, checkpoints + 1)
-
