@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -15,6 +18,17 @@ from trioq import _wakeups
 from trioq._wakeups import Timerfd, _ArmForNextDeadline
 
 linux_only = pytest.mark.skipif(_wakeups._libc is None, reason="timerfd is Linux-only")
+
+
+def real_clock(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """A test on the real clock: Linux only, and cut off after 10 s instead of hanging the suite."""
+
+    @functools.wraps(test)
+    async def bounded(*args: Any, **kwargs: Any) -> None:
+        with trio.fail_after(10):
+            await test(*args, **kwargs)
+
+    return linux_only(bounded)
 
 
 class RecordingTimer:
@@ -81,7 +95,7 @@ async def test_the_deadline_reader_reads_trio_directly_and_agrees_with_its_stati
         assert next_deadline - now == pytest.approx(statistics.seconds_to_next_deadline, abs=0.01)
 
 
-@linux_only
+@real_clock
 async def test_the_timerfd_fires_once_armed_and_is_quiet_once_disarmed() -> None:
     timer = Timerfd()
     try:
@@ -107,7 +121,7 @@ def _instrument_hooks() -> set[str]:
     return {hook for hook, installed in runner.instruments.data.items() if installed}
 
 
-@linux_only
+@real_clock
 async def test_a_queue_wakes_its_sleepers_through_the_timerfd(monkeypatch: pytest.MonkeyPatch) -> None:
     armed: list[float] = []
     consumed: list[float | None] = []
@@ -133,7 +147,7 @@ async def test_a_queue_wakes_its_sleepers_through_the_timerfd(monkeypatch: pytes
     assert set(deadlines) <= set(consumed)
 
 
-@linux_only
+@real_clock
 async def test_one_service_per_run_whatever_order_queues_close_in() -> None:
     registry = trioq.Registry()
     assert _wakeups.supported()
@@ -173,7 +187,7 @@ async def test_not_under_a_mock_clock(autojump_clock: trio.testing.MockClock) ->
         await trio.sleep(10.0)  # jumps: the loop still looks idle
 
 
-@linux_only
+@real_clock
 async def test_wait_all_tasks_blocked_with_a_cushion_still_returns() -> None:
     async with trioq.open_queue(trioq.Registry(), workers=2):
         assert _wakeups._service.get() is not None
@@ -184,7 +198,7 @@ async def test_wait_all_tasks_blocked_with_a_cushion_still_returns() -> None:
                 await trio.testing.wait_all_tasks_blocked(cushion=0.02)
 
 
-@linux_only
+@real_clock
 async def test_a_failing_hook_is_dropped_by_trio_and_the_queue_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -200,7 +214,7 @@ async def test_a_failing_hook_is_dropped_by_trio_and_the_queue_goes_on(
     assert _wakeups._service.get() is None
 
 
-@linux_only
+@real_clock
 async def test_a_failing_reader_is_logged_and_the_run_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -223,7 +237,7 @@ async def test_a_failing_reader_is_logged_and_the_run_goes_on(
     assert _wakeups._service.get() is None
 
 
-@linux_only
+@real_clock
 async def test_no_timerfd_no_service(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(self: Timerfd) -> None:
         raise OSError(1, "timerfd_create: Operation not permitted")
@@ -234,7 +248,7 @@ async def test_no_timerfd_no_service(monkeypatch: pytest.MonkeyPatch) -> None:
         await trio.sleep(0.002)
 
 
-@linux_only
+@real_clock
 async def test_a_run_that_takes_no_new_system_task_gets_no_service_and_keeps_no_fd(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

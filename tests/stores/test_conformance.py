@@ -319,10 +319,11 @@ async def test_a_result_the_store_cannot_hold_is_refused_and_changes_nothing(
 ) -> None:
     await store.add([store_factory.job()])
     claimed = await claim_one(store)
+    before = await store.get(claimed.id)
     with pytest.raises(InvalidJob, match="result cannot be stored") as excinfo:
         await store.succeed(claimed.id, claimed.epoch, result)
     assert excinfo.value.field == "result"
-    assert (await store.get(claimed.id)).state is JobState.RUNNING
+    assert await store.get(claimed.id) == before  # still running, no attempt spent, no result
     assert await store.counts() == zero_counts(running=1)
     # The attempt can still end otherwise (the runtime fails it with that error).
     assert await store.fail(claimed.id, claimed.epoch, "InvalidJob: result cannot be stored", 0.0) is not None
