@@ -150,12 +150,12 @@ def _usage_error(message: str) -> NoReturn:
     pytest.fail(message, pytrace=False)
 
 
-def _amount(name: str, value: Any, where: str) -> dict[str, Any]:
-    """A marker's ``fail=``/``hang=`` value as FaultPlan arguments."""
+def _amount(name: str, value: Any, where: str) -> dict[str, Any] | None:
+    """A marker's ``fail=``/``hang=`` value as FaultPlan arguments; None when it is off."""
     if value is True:
         return {}
     if value is False or (isinstance(value, int) and value == 0):
-        return {"prob": 0.0}  # off: a parametrised test can turn a fault off without dropping the marker
+        return None  # off: a parametrised test can turn a fault off without dropping the marker
     if isinstance(value, int) and value >= 1:
         return {"times": value}
     if isinstance(value, float) and 0.0 <= value <= 1.0:
@@ -183,9 +183,9 @@ def _apply_marker(plan: FaultPlan, marker: pytest.Mark, where: str) -> None:
         for name in tasks:
             if delay is not None:
                 plan.delay(name, delay)
-            if fail is not None:
-                plan.fail(name, when=when, error=marker.kwargs.get("error"), **_amount("fail", fail, where))
-            if hang is not None:
-                plan.hang(name, when=when, **_amount("hang", hang, where))
+            if fail is not None and (amount := _amount("fail", fail, where)) is not None:
+                plan.fail(name, when=when, error=marker.kwargs.get("error"), **amount)
+            if hang is not None and (amount := _amount("hang", hang, where)) is not None:
+                plan.hang(name, when=when, **amount)
     except ValueError as exc:
         _usage_error(f"{where}: trioq_faults marker: {exc}")
