@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -175,6 +175,11 @@ class Job:
 _PLAIN = frozenset({str, int, bool, type(None)})
 #: The ints the stores can hold (msgpack: signed or unsigned 64 bits).
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+
+
+def is_storable_int(value: Any, minimum: int = INT_MIN) -> TypeGuard[int]:
+    """Whether ``value`` is an int (not a bool) from ``minimum`` to :data:`INT_MAX`: what the stores hold."""
+    return not isinstance(value, bool) and isinstance(value, int) and minimum <= value <= INT_MAX
 
 
 def check_json(value: Any, *, what: str) -> None:

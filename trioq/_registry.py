@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import attrs
 
-from ._model import INT_MAX, INT_MIN, Backoff, InvalidJob, UnknownTask
+from ._model import INT_MAX, INT_MIN, Backoff, InvalidJob, UnknownTask, is_storable_int
 
 __all__ = ["Registry", "TaskDef", "TaskKind"]
 
@@ -192,9 +192,9 @@ class Registry:
             raise TypeError(f"{fn.__qualname__} is an async function; kind={kind!r} needs a plain function")
         if kind == "process" and ("<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"):
             raise TypeError(f"{fn.__qualname__}: process handlers must be module-level functions (they are pickled)")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= INT_MAX:
+        if not is_storable_int(max_attempts, minimum=1):
             raise ValueError(f"max_attempts must be an int from 1 to {INT_MAX}, got {max_attempts!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int) or not INT_MIN <= priority <= INT_MAX:
+        if not is_storable_int(priority):
             raise ValueError(f"priority must be an int from {INT_MIN} to {INT_MAX}, got {priority!r}")
         _optional_positive("timeout", timeout)
         _optional_positive("heartbeat_timeout", heartbeat_timeout)

@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._model import INT_MAX, INT_MIN, InvalidJob, Job, JobSpec, SimulatedCrash, TrioqError, check_json
+from ._model import (
+    INT_MAX,
+    INT_MIN,
+    InvalidJob,
+    Job,
+    JobSpec,
+    SimulatedCrash,
+    TrioqError,
+    check_json,
+    is_storable_int,
+)
 from ._registry import Registry
 from ._wakeups import precise_wakeups
 from ._worker import Totals, WorkerPool, _without_cancelled
@@ -51,7 +61,7 @@ def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
 
 def _int(name: str, value: Any, *, minimum: int = INT_MIN) -> int:
     """``value`` if it is an int in ``[minimum, INT_MAX]`` (the stores hold 64 bits), else InvalidJob."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT_MAX:
+    if not is_storable_int(value, minimum):
         raise InvalidJob(f"{name} must be an integer from {minimum} to {INT_MAX}, got {value!r}", field=name)
     return value
 
