@@ -192,6 +192,24 @@ async def test_no_trioq_task_survives_the_block(
     assert task_tracker.alive == set()
 
 
+async def test_no_trioq_task_survives_the_block_on_the_real_clock(task_tracker: TaskTracker) -> None:
+    # The real clock also starts the timer wake-ups' system task (trioq._wakeups),
+    # which the autojump clock never does: it too must be gone.
+    registry = trioq.Registry()
+
+    @registry.task
+    async def nap(ctx: trioq.JobContext) -> None:
+        await trio.sleep(0.002)
+
+    with trio.fail_after(10):
+        async with trioq.open_queue(registry, workers=2) as queue:
+            await queue.enqueue_many([trioq.JobSpec("nap")] * 4)
+            await queue.join()
+            names = {task.name for task in task_tracker.alive}
+            assert any("wake-ups" in name for name in names), names
+    assert task_tracker.alive == set()
+
+
 async def test_open_queue_validates_its_arguments() -> None:
     registry = trioq.Registry()
     for kwargs in ({"workers": -1}, {"heartbeat_timeout": 0}, {"shutdown_grace": -1}, {"max_ready": 0}):
