@@ -170,7 +170,8 @@ class Queue:
     def _resolve(self, spec: JobSpec, now: float, index: int | None) -> NewJob:
         """Validate ``spec`` and fill in the task's defaults (hot: every enqueued job).
 
-        Field names in errors are built only on the way to raising.
+        Field names in errors are built only on the way to raising, but for a
+        batch's payload prefix (``jobs[3].``), which the payload checks take.
         """
         if type(spec) is not JobSpec and not isinstance(spec, JobSpec):
             where = _where(index)
@@ -188,8 +189,9 @@ class Queue:
                 raise InvalidJob(
                     f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
                 )
-            check_json(payload, what=f"{_where(index)}payload")
-            definition.check_payload(payload, _where(index))
+            where = "" if index is None else _where(index)
+            check_json(payload, what=f"{where}payload" if where else "payload")
+            definition.check_payload(payload, where)
         elif definition.required:
             definition.check_payload(payload, _where(index))
         delay = spec.delay
