@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import trioq
 from trioq import Backoff, JobState
@@ -317,3 +319,81 @@ async def test_process_job_cancelled_while_waiting_for_a_cpu_never_runs(tmp_path
             final = await queue.get(waiting.id)
     assert final.state is JobState.CANCELLED
     assert not mark.exists()
+
+
+#: Shielded hold times for the waves below, on either side of timeout (0.3 s) and
+#: timeout + STUCK_GRACE (1.3 s), never on a boundary: what happens is then exact.
+_HOLDS = (0.1, 0.5, 1.5, 3.0, 9.0)
+_WAVE_TIMEOUT = 0.3
+
+
+def _expected(holds: list[float]) -> tuple[JobState, int]:
+    """What the queue must make of a job whose attempts hold for ``holds`` seconds each."""
+    for attempt, hold in enumerate(holds, 1):
+        if hold < _WAVE_TIMEOUT + STUCK_GRACE:
+            return JobState.SUCCEEDED, attempt  # on time, or late within the grace: its result stands
+    return JobState.DEAD, len(holds)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workers=st.integers(1, 3),
+    jobs=st.lists(
+        st.tuples(st.sampled_from((0.0, 0.7, 2.0, 5.0)), st.lists(st.sampled_from(_HOLDS), min_size=2, max_size=2)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_waves_of_stuck_workers_are_all_caught_and_the_pool_recovers(
+    workers: int, jobs: list[tuple[float, list[float]]]
+) -> None:
+    """Stuck attempts arriving in waves, replacements getting stuck in turn: every attempt
+    past its deadline plus the grace is declared stuck (so no late result is accepted),
+    never more than ``workers`` attempts that are not stuck run at once, every job ends as
+    its attempts say, and once the stuck bodies return the pool is whole again."""
+    registry = trioq.Registry()
+    running: dict[tuple[str, int], float] = {}
+    overcommitted: list[str] = []
+
+    @registry.task(timeout=_WAVE_TIMEOUT, max_attempts=2, backoff=Backoff(base=0.01, jitter=0.0))
+    async def stubborn(ctx: trioq.JobContext, holds: list[float]) -> int:
+        now = trio.current_time()
+        running[ctx.job.id, ctx.attempt] = now
+        live = sum(1 for started in running.values() if now < started + _WAVE_TIMEOUT + STUCK_GRACE)
+        if live > workers:
+            overcommitted.append(f"{live} live attempts at {now:.2f}")
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(holds[ctx.attempt - 1])
+        finally:
+            del running[ctx.job.id, ctx.attempt]
+        return ctx.attempt
+
+    @registry.task
+    async def quick(ctx: trioq.JobContext) -> str:
+        return "ran"
+
+    async def main() -> None:
+        async with trioq.open_queue(registry, workers=workers, shutdown_grace=0) as queue:
+            ids = [(await queue.enqueue("stubborn", {"holds": holds}, delay=at)).id for at, holds in jobs]
+            with trio.fail_after(200):
+                await queue.join()
+            await trio.sleep(max(_HOLDS) + 1)  # every stuck body has returned
+            stats = await queue.stats()
+            probe = await queue.enqueue("quick")
+            with trio.fail_after(5):
+                assert (await queue.wait(probe.id)).result == "ran"
+            for job_id, (_, holds) in zip(ids, jobs, strict=True):
+                job = await queue.get(job_id)
+                assert (job.state, job.attempts) == _expected(holds), (holds, job)
+                if job.state is JobState.SUCCEEDED:
+                    assert job.result == job.attempts  # the result of the attempt that counted
+        assert overcommitted == []
+        assert stats["workers"]["healthy"] == workers
+        assert stats["workers"]["unhealthy"] == 0
+        assert stats["workers"]["busy"] == 0
+        stuck = sum(1 for _, holds in jobs for hold in holds[: _expected(holds)[1]] if hold > 1.3)
+        assert stats["totals"]["stuck"] == stuck
+        assert stats["workers"]["replaced"] == stuck
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -438,24 +438,38 @@ class WorkerPool:
             self._crash(exc)
 
     async def _watch_forever(self) -> None:
+        """Declare every attempt past its deadline plus :data:`STUCK_GRACE` stuck, then sleep.
+
+        Declaring one awaits the store, and meanwhile workers start attempts
+        (a replacement among them) and register their deadlines with
+        :meth:`_watch`. So after any await the attempts are looked at again,
+        and the time to wake is computed from them with no await between that
+        and the sleep: a deadline registered at any moment is either in that
+        computation or moves the sleep's scope itself.
+        """
         while True:
             now = trio.current_time()
-            next_at = math.inf
-            for attempt in list(self._attempts.values()):
-                stuck_at = attempt.deadline + STUCK_GRACE
-                if now >= stuck_at:
-                    await self._declare_stuck(attempt, attempt.worker)
-                else:
-                    next_at = min(next_at, stuck_at)
-            self._watch_at = next_at
-            with trio.CancelScope(deadline=next_at) as self._watch_scope:
+            overdue = [a for a in self._attempts.values() if now >= a.deadline + STUCK_GRACE]
+            if overdue:
+                for attempt in overdue:
+                    await self._declare_stuck(attempt)
+                continue
+            self._watch_at = min((a.deadline for a in self._attempts.values()), default=math.inf) + STUCK_GRACE
+            with trio.CancelScope(deadline=self._watch_at) as self._watch_scope:
                 await trio.sleep_forever()
             self._watch_scope = None
 
-    async def _declare_stuck(self, attempt: Attempt, worker: _Worker) -> None:
-        job = attempt.job
-        if self._attempts.get(job.id) is attempt:
-            del self._attempts[job.id]
+    async def _declare_stuck(self, attempt: Attempt) -> None:
+        """Give ``attempt``'s slot to a replacement worker and fail its job as hung.
+
+        Only an attempt still registered is declared (it may have returned,
+        or been declared already, while the watcher awaited the store); the
+        bookkeeping is done before the store call, in one synchronous step.
+        """
+        job, worker = attempt.job, attempt.worker
+        if self._attempts.get(job.id) is not attempt:
+            return
+        del self._attempts[job.id]
         worker.stuck = True
         self._healthy -= 1
         self._stuck += 1
