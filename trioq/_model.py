@@ -7,7 +7,6 @@ every store can share these types.
 from __future__ import annotations
 
 import enum
-import json
 import math
 from typing import Any, TypeGuard
 
@@ -175,6 +174,15 @@ class Job:
 _PLAIN = frozenset({str, int, bool, type(None)})
 #: The ints the stores can hold (msgpack: signed or unsigned 64 bits).
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+#: The largest payload, and the largest result, a store holds: 256 MiB, as
+#: msgpack (about the size of the JSON). Every transition is one log record, and
+#: a checkpoint's record of a job holds its payload and result together: both at
+#: their limit still fit the WAL's 1 GiB record (and PostgreSQL's jsonb limit is 256 MiB).
+MAX_VALUE_BYTES = 1 << 28
+#: The longest task name or idempotency key, in UTF-8 bytes.
+MAX_NAME_BYTES = 4096
+#: The longest error text a store keeps, in characters; beyond it the text is cut, saying so.
+MAX_ERROR_CHARS = 16_384
 
 
 def is_storable_int(value: Any, minimum: int = INT_MIN) -> TypeGuard[int]:
@@ -182,11 +190,52 @@ def is_storable_int(value: Any, minimum: int = INT_MIN) -> TypeGuard[int]:
     return not isinstance(value, bool) and isinstance(value, int) and minimum <= value <= INT_MAX
 
 
-def check_json(value: Any, *, what: str) -> None:
-    """Raise :class:`InvalidJob` unless ``value`` survives a JSON round trip.
+def name_problem(value: str) -> str | None:
+    """Why the stores cannot hold the string ``value`` as a task name or key, or ``None`` if they can.
 
-    A flat dict of strings, 64-bit ints, bools, ``None`` and finite floats
-    under string keys (the common payload) is checked without encoding it.
+    Refused: lone surrogates (not UTF-8, so no log or database can hold them),
+    NUL characters (PostgreSQL's text cannot), and more than
+    :data:`MAX_NAME_BYTES` bytes of UTF-8.
+    """
+    if value.isascii():
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError as exc:
+            return f"it holds a lone surrogate {value[exc.start]!r} at index {exc.start}, which is not UTF-8"
+    if "\x00" in value:
+        return f"it holds a NUL character at index {value.index(chr(0))}"
+    if size > MAX_NAME_BYTES:
+        return f"it is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}"
+    return None
+
+
+def storable_text(text: str) -> str:
+    """``text`` made fit for a store's error field: lone surrogates and NULs
+    escaped as backslash sequences, cut to :data:`MAX_ERROR_CHARS` characters."""
+    if text.isascii() and "\x00" not in text:
+        fixed = text
+    else:
+        fixed = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    if len(fixed) > MAX_ERROR_CHARS:
+        cut = len(fixed) - MAX_ERROR_CHARS
+        fixed = f"{fixed[:MAX_ERROR_CHARS]}... ({cut} more characters cut)"
+    return fixed
+
+
+def check_json(value: Any, *, what: str) -> None:
+    """Raise :class:`InvalidJob` unless ``value`` is a JSON value trioq keeps as it is.
+
+    That is: dicts with string keys, lists (tuples become lists), strings,
+    ints, finite floats, bools and ``None``, nested within the recursion
+    limit. (Ints beyond 64 bits and strings with lone surrogates are JSON,
+    but no store holds them: the store refuses them as it encodes them.)
+    A dict key that is not a string is refused, though ``json.dumps`` would
+    turn it into one: the job would then differ between the Python API and
+    HTTP. A flat dict of strings, 64-bit ints, bools, ``None`` and finite
+    floats under string keys (the common payload) is checked without
+    walking it.
     """
     if type(value) is dict:
         for k, v in value.items():
@@ -195,19 +244,73 @@ def check_json(value: Any, *, what: str) -> None:
                 break
             if t in _PLAIN:
                 if t is int and not INT_MIN <= v <= INT_MAX:
-                    break  # the full check decides (and the store refuses it later)
+                    break
             elif t is not float or not math.isfinite(v):
                 break
         else:
             return
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidJob(f"{what} must be JSON-serialisable: {exc}", field=what) from None
+        _walk_json(value)
+    except _NotJson as exc:
+        where = what + "".join(reversed(exc.path))
+        raise InvalidJob(f"{what} must be a JSON value: {where} {exc.problem}", field=what) from None
+    except RecursionError:
+        raise InvalidJob(f"{what} must be a JSON value: it is nested past the recursion limit", field=what) from None
 
 
-def error_text(exc: BaseException) -> str:
-    """The ``"Type: message"`` form stored in :attr:`Job.error`."""
-    message = str(exc)
+class _NotJson(Exception):
+    """What :func:`_walk_json` found; ``path`` collects the way to it, innermost first."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+
+def _walk_json(value: Any) -> None:
+    """Raise :class:`_NotJson` at the first part of ``value`` that is not a JSON value trioq keeps."""
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return
+    if isinstance(value, int):
+        return  # beyond 64 bits: the store refuses it as it encodes it
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return
+        raise _NotJson(f"is {value}, which JSON cannot hold")
+    if isinstance(value, str):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _NotJson(f"has the key {k!r:.60}, a {type(k).__name__}; keys must be strings")
+            try:
+                _walk_json(v)
+            except _NotJson as exc:
+                exc.path.append(f"[{k!r:.60}]")
+                raise
+        return
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            try:
+                _walk_json(v)
+            except _NotJson as exc:
+                exc.path.append(f"[{i}]")
+                raise
+        return
+    raise _NotJson(f"is a {type(value).__name__}, not a JSON value")
+
+
+def error_text(exc: BaseException, message: str | None = None) -> str:
+    """The ``"Type: message"`` form stored in :attr:`Job.error`, always storable (:func:`storable_text`).
+
+    ``message`` replaces the exception's own. An exception whose ``str()``
+    raises is described by its type alone.
+    """
     name = type(exc).__qualname__
-    return f"{name}: {message}" if message else name
+    if message is None:
+        try:
+            message = str(exc)
+        except Exception as failure:
+            message = f"<str() of the error raised {type(failure).__qualname__}>"
+    return storable_text(f"{name}: {message}" if message else name)

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import attrs
 
-from ._model import INT_MAX, INT_MIN, Backoff, InvalidJob, UnknownTask, is_storable_int
+from ._model import INT_MAX, INT_MIN, Backoff, InvalidJob, UnknownTask, is_storable_int, name_problem
 
 __all__ = ["Registry", "TaskDef", "TaskKind"]
 
@@ -181,6 +181,9 @@ class Registry:
         task_name = fn.__name__ if name is None else name
         if not isinstance(task_name, str) or not task_name:
             raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
+        problem = name_problem(task_name)
+        if problem is not None:
+            raise ValueError(f"task name {task_name[:60]!r} cannot be stored: {problem}")
         if task_name in self._tasks:
             raise ValueError(f"a task named {task_name!r} is already registered; pass name=... to register another")
         if kind not in _KINDS:

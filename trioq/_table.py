@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ._model import INT_MAX, INT_MIN, InvalidJob, Job, JobNotFound, JobState
+from ._model import INT_MAX, INT_MIN, MAX_VALUE_BYTES, InvalidJob, Job, JobNotFound, JobState
 from ._ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
@@ -673,14 +673,25 @@ def pack_payload(payload: dict[str, Any], *, field: str = "payload") -> bytes:
 
     Raises :class:`~trioq.InvalidJob` naming ``field`` for values JSON allows
     but msgpack cannot hold (ints beyond 64 bits, strings with lone
-    surrogates): stores call this for a whole batch before changing anything.
+    surrogates), and for more than :data:`~trioq._model.MAX_VALUE_BYTES`
+    packed: stores call this for a whole batch before changing anything.
     """
     if not payload:
         return b""
     try:
-        return _encode(payload)
+        packed = _encode(payload)
     except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"{field} cannot be stored: {exc}", field=field) from None
+    if len(packed) > MAX_VALUE_BYTES:
+        raise InvalidJob(_too_large(field, len(packed)), field=field)
+    return packed
+
+
+def _too_large(field: str, size: int) -> str:
+    return (
+        f"{field} cannot be stored: it is {size} bytes as msgpack, and a store holds at most "
+        f"{MAX_VALUE_BYTES} (256 MiB); keep large data elsewhere and pass a reference to it"
+    )
 
 
 #: Results an entry keeps as they are: immutable, and msgpack holds them.
@@ -696,7 +707,8 @@ def stored_result(result: Any) -> Any:
     returned) nor a caller (mutating ``job.result``) can change what the
     table and its log say. Results are JSON values, never bytes, so bytes
     here always mean packed. Raises :class:`~trioq.InvalidJob` for what
-    msgpack cannot hold (ints beyond 64 bits, strings with lone surrogates).
+    msgpack cannot hold (ints beyond 64 bits, strings with lone surrogates),
+    and for more than :data:`~trioq._model.MAX_VALUE_BYTES` packed.
     """
     kind = type(result)
     if kind in _KEPT_AS_IS:
@@ -707,13 +719,18 @@ def stored_result(result: Any) -> Any:
                 return result
             _encode(result)  # raises
         elif kind is str:
-            result.encode()  # raises on a lone surrogate
+            size = len(result) if result.isascii() else len(result.encode())  # raises on a lone surrogate
+            if size > MAX_VALUE_BYTES:
+                raise InvalidJob(_too_large("result", size), field="result")
             return result
         elif kind is bytes:
             raise TypeError("bytes are not a JSON value")
-        return _encode(result)
+        packed = _encode(result)
     except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"result cannot be stored: {exc}", field="result") from None
+    if len(packed) > MAX_VALUE_BYTES:
+        raise InvalidJob(_too_large("result", len(packed)), field="result")
+    return packed
 
 
 def log_result(stored: Any) -> Any:

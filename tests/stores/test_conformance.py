@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from trioq import InvalidJob, Job, JobNotFound, JobState, QueueFull, TrioqError
+from trioq._model import MAX_ERROR_CHARS, MAX_NAME_BYTES, MAX_VALUE_BYTES
 from trioq.stores import Store
 from trioq.stores._base import CancelResult
 
@@ -737,3 +738,97 @@ async def test_reopening_with_a_smaller_max_retained_applies_it_at_once(store_fa
             await store.cancel(job.id)
     async with store_factory.session(store_factory.reopen(first), max_retained=1) as store:
         assert (await store.counts())["cancelled"] == 1
+
+
+# ---------------------------------------------------- what a store can hold
+
+_UNSTORABLE_NAMES = {
+    "surrogate": "k\udcff",
+    "nul": "k\x00",
+    "too-long": "k" * (MAX_NAME_BYTES + 1),
+    "too-long-utf8": "é" * (MAX_NAME_BYTES // 2 + 1),
+}
+
+
+@pytest.mark.parametrize("field", ["task", "key"])
+@pytest.mark.parametrize("bad", sorted(_UNSTORABLE_NAMES))
+async def test_a_name_the_store_cannot_hold_is_refused_and_changes_nothing(
+    store_factory: StoreFactory, field: str, bad: str
+) -> None:
+    # A key with a lone surrogate once reached the WAL's encoder after the
+    # table had changed: a worker's claim was logged without its ADD, and the
+    # next open failed with "record does not replay".
+    value = _UNSTORABLE_NAMES[bad]
+    first_store = store_factory()
+    async with store_factory.session(first_store) as store:
+        with pytest.raises(InvalidJob, match="cannot be stored") as excinfo:
+            await store.add([store_factory.job(**{field: value})])  # type: ignore[arg-type]
+        assert excinfo.value.field == field
+        with pytest.raises(InvalidJob, match="cannot be stored") as excinfo:
+            await store.add([store_factory.job(), store_factory.job(**{field: value})])  # type: ignore[arg-type]
+        assert excinfo.value.field == f"jobs[1].{field}"
+        assert await store.counts() == zero_counts()
+        assert await store.claim() is None
+        fine = store_factory.job(key="k\u00e9" * (MAX_NAME_BYTES // 3))  # non-ASCII, within the limit
+        (kept,) = await store.add([fine])
+    async with store_factory.session(store_factory.reopen(first_store)) as store:
+        assert await store.counts() == zero_counts(ready=1)
+        assert (await store.get(kept.id)).key == fine.key
+
+
+async def test_a_payload_over_the_size_limit_is_refused_and_changes_nothing(
+    store: Store, store_factory: StoreFactory
+) -> None:
+    # Such a record was once written, and the next open failed: "truncated record".
+    # (A payload at the limit is accepted: tests/test_limits.py.)
+    over = {"blob": "x" * MAX_VALUE_BYTES}  # its msgpack framing takes it over
+    with pytest.raises(InvalidJob, match="256 MiB") as excinfo:
+        await store.add([store_factory.job(payload=over)])
+    assert excinfo.value.field == "payload"
+    with pytest.raises(InvalidJob, match="256 MiB") as excinfo:
+        await store.add([store_factory.job(), store_factory.job(payload=over)])
+    assert excinfo.value.field == "jobs[1].payload"
+    assert await store.counts() == zero_counts()
+
+
+async def test_a_result_over_the_size_limit_is_refused_and_changes_nothing(
+    store: Store, store_factory: StoreFactory
+) -> None:
+    await store.add([store_factory.job()])
+    claimed = await claim_one(store)
+    before = await store.get(claimed.id)
+    half = "x" * (MAX_VALUE_BYTES // 2)
+    for result in (half + half + "x", [half, half]):
+        with pytest.raises(InvalidJob, match=r"result cannot be stored.*256 MiB") as excinfo:
+            await store.succeed(claimed.id, claimed.epoch, result)
+        assert excinfo.value.field == "result"
+        assert await store.get(claimed.id) == before
+    assert await store.succeed(claimed.id, claimed.epoch, "fits") is True
+
+
+async def test_any_error_text_is_kept_storable(store_factory: StoreFactory) -> None:
+    # An error text the WAL could not encode once raised inside the worker,
+    # killing the queue on every restart (the attempt was never recorded).
+    errors = {
+        "surrogate": ("FileNotFoundError: missing caf\udce9.txt", "FileNotFoundError: missing caf\\udce9.txt"),
+        "nul": ("ValueError: a\x00b", "ValueError: a\\x00b"),
+    }
+    long_error = "E" * (MAX_ERROR_CHARS + 500)
+    first_store = store_factory()
+    async with store_factory.session(first_store) as store:
+        await store.add([store_factory.job(max_attempts=5) for _ in range(3)])
+        ids = []
+        for error in [errors["surrogate"][0], errors["nul"][0], long_error]:
+            claimed = await claim_one(store)
+            failed = await store.fail(claimed.id, claimed.epoch, error, store_factory.clock.now + 60)
+            assert failed is not None
+            ids.append(claimed.id)
+    async with store_factory.session(store_factory.reopen(first_store)) as store:
+        kept = [(await store.get(job_id)).error for job_id in ids]
+    assert kept[0] == errors["surrogate"][1]
+    assert kept[1] == errors["nul"][1]
+    assert (
+        kept[2] is not None
+        and kept[2].startswith("E" * MAX_ERROR_CHARS)
+        and kept[2].endswith("500 more characters cut)")
+    )

@@ -106,10 +106,12 @@ class Store(Protocol):
 
         Raises :class:`~trioq.QueueFull` (inserting none) if the new jobs would
         take ready plus scheduled jobs past ``max_pending``, and
-        :class:`~trioq.InvalidJob` (inserting none) for a payload the store
-        cannot hold. Returns once the jobs are durable; a worker may claim
-        them before that (a job that runs and is then lost to a crash was
-        never acknowledged to anyone). If making them durable fails, ``add``
+        :class:`~trioq.InvalidJob` (inserting none, its ``field`` naming the
+        job's field) for a task name, key or payload the store cannot hold
+        (see :func:`~trioq._model.name_problem` and ``MAX_VALUE_BYTES``).
+        Returns once the jobs are durable; a worker may claim them before
+        that (a job that runs and is then lost to a crash was never
+        acknowledged to anyone). If making them durable fails, ``add``
         raises, yet the jobs may already have run.
         """
         ...
@@ -145,7 +147,12 @@ class Store(Protocol):
         ...
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
-        """Record a failed attempt: scheduled at ``retry_at``, or dead at max attempts."""
+        """Record a failed attempt: scheduled at ``retry_at``, or dead at max attempts.
+
+        Any ``error`` text is taken: the store keeps it made storable
+        (:func:`~trioq._model.storable_text`: lone surrogates escaped, cut at
+        ``MAX_ERROR_CHARS``), never failing on it.
+        """
         ...
 
     async def release(self, job_id: str, epoch: int) -> Job | None:

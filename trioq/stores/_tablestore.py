@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from .._model import Job, JobState, QueueFull, SimulatedCrash
+from .._model import InvalidJob, Job, JobState, QueueFull, SimulatedCrash, name_problem, storable_text
 from .._table import Entry, JobTable, log_result, pack_payload, raw_payload
 from ._base import CancelResult, IdMaker, NewJob, StoreConfig
 
@@ -24,6 +24,19 @@ __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEE
 
 # Transition record types, shared with the WAL format.
 ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
+
+
+def _check_names(job: NewJob, where: str) -> None:
+    """Raise :class:`~trioq.InvalidJob` unless the store can hold ``job``'s task name and key."""
+    for field, value in (("task", job.task), ("key", job.key)):
+        if value is None and field == "key":
+            continue
+        if not isinstance(value, str):
+            raise InvalidJob(f"{where}{field} must be a string, got {type(value).__name__}", field=f"{where}{field}")
+        problem = name_problem(value)
+        if problem is not None:
+            shown = repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+            raise InvalidJob(f"{where}{field} {shown} cannot be stored: {problem}", field=f"{where}{field}")
 
 
 class TableStore:
@@ -98,11 +111,16 @@ class TableStore:
                     f"queue is full: {table.pending} jobs waiting, max_ready={max_pending}; retry later",
                     retry_after=1.0,
                 )
-        # Encode every payload before the table changes: all or nothing.
+        # Check every field and encode every payload before the table
+        # changes: all or nothing, and no record the log cannot encode.
         if len(jobs) == 1:
+            _check_names(jobs[0], "")
             packed = [pack_payload(jobs[0].payload)]
         else:
-            packed = [pack_payload(j.payload, field=f"jobs[{i}].payload") for i, j in enumerate(jobs)]
+            packed = []
+            for i, j in enumerate(jobs):
+                _check_names(j, f"jobs[{i}].")
+                packed.append(pack_payload(j.payload, field=f"jobs[{i}].payload"))
         out: list[Job] = []
         ready = 0
         scheduled: list[float] = []
@@ -167,6 +185,7 @@ class TableStore:
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
         table, config = self._open()
         now = config.clock()
+        error = storable_text(error)
         entry = table.fail(job_id, epoch, error, retry_at, now)
         if entry is None:
             return None
