@@ -41,3 +41,14 @@ def touch(ctx: Any, path: str) -> None:
     """Leave a mark that the handler ran."""
     with open(path, "w") as f:
         f.write("ran")
+
+
+def exit_zero(ctx: Any) -> None:
+    """A handler that ends its process the way a script would."""
+    import sys
+
+    sys.exit(0)
+
+
+def interrupt(ctx: Any) -> None:
+    raise KeyboardInterrupt

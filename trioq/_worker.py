@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,54 @@ def _without_cancelled(exc: BaseException) -> BaseException | None:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(trio.Cancelled)[1]
     return exc
+
+
+def raised_by_signal(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in it, for a group) was raised by a Python signal handler.
+
+    That is how a real signal reaches code: trio's SIGINT handler raises
+    ``KeyboardInterrupt`` in whatever code runs when the signal lands (a
+    handler's own, too), and a program's own handler may raise
+    ``SystemExit``. The frame of a handler installed now (``signal.getsignal``)
+    is then in the traceback; a handler's own ``raise``, ``sys.exit()`` or
+    argparse error has none. Threads and trio-parallel's worker processes
+    never run signal handlers, so their exits are always their own.
+    """
+    codes = set()
+    for signum in signal.valid_signals():
+        try:
+            installed = signal.getsignal(signum)
+        except (OSError, ValueError):  # a signal number this platform cannot query
+            continue
+        code = getattr(getattr(installed, "__func__", installed), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    if not codes:
+        return False
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+            continue
+        tb = current.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in codes:
+                return True
+            tb = tb.tb_next
+    return False
+
+
+def exit_error_text(exc: BaseException) -> str:
+    """The error recorded for a handler that raised ``SystemExit``, ``KeyboardInterrupt`` or
+    another ``BaseException`` of its own (not from a signal): its attempt fails, counted."""
+    if isinstance(exc, SystemExit):
+        # From args, not .code: one unpickled from a worker process has no code.
+        code = exc.args[0] if len(exc.args) == 1 else exc.args or None
+        return error_text(exc, f"the handler called sys.exit({code!r}) (or raised SystemExit); its attempt failed")
+    if isinstance(exc, KeyboardInterrupt):
+        return error_text(exc, "the handler raised KeyboardInterrupt itself (no signal arrived); its attempt failed")
+    return error_text(exc)
 
 
 class WorkerPool:
@@ -235,19 +284,21 @@ class WorkerPool:
         try:
             while await self._serve(me):
                 pass
-        except trio.Cancelled:
+        except Exception as exc:  # handler errors never get here: only the store's
+            self._crash(exc)
+        except BaseException as exc:
             # Shutdown (or the caller) cut the attempt off: give its job back
-            # uncounted, unless its outcome was already decided.
+            # uncounted, unless its outcome was already decided. The cancel
+            # may come wrapped in a group (a handler's own nursery). A real
+            # signal propagates as it is: the session releases running jobs.
             job, attempt = me.job, me.attempt
-            if job is not None and (attempt is None or not attempt.ended):
+            if _without_cancelled(exc) is None and job is not None and (attempt is None or not attempt.ended):
                 if attempt is not None:
                     attempt.ended = True
                 with trio.CancelScope(shield=True):
                     if await self._store.release(job.id, job.epoch) is not None:
                         self._totals.released += 1
             raise
-        except Exception as exc:  # handler errors never get here: only the store's
-            self._crash(exc)
         finally:
             if me.stuck:
                 self._stuck -= 1
@@ -340,14 +391,16 @@ class WorkerPool:
                 return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload), None
             return await self._call(me, job, task, attempt), None
         except BaseException as exc:
-            if scope.cancel_called:
-                rest = _without_cancelled(exc)
-                if rest is None:
+            rest = _without_cancelled(exc)
+            if rest is None:
+                if scope.cancel_called:
                     return None, _DEADLINE
+                raise  # an outer cancel (shutdown): the worker gives the job back
+            if isinstance(rest, Exception):
                 return None, error_text(rest)
-            if isinstance(exc, Exception):
-                return None, error_text(exc)
-            raise
+            if raised_by_signal(rest):
+                raise  # a real signal to this process (Ctrl-C) stops the queue
+            return None, exit_error_text(rest)
         finally:
             attempt.in_handler = False
             if scope.deadline != math.inf:

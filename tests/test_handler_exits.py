@@ -1,0 +1,241 @@
+"""A handler's own exit (SystemExit, KeyboardInterrupt, any BaseException) fails its
+attempt; only a real signal to this process stops the queue."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import trioq
+from trioq import Backoff, JobState
+
+from . import handlers
+
+NO_WAIT = Backoff(base=0.0, jitter=0.0)
+
+
+class _Custom(BaseException):
+    """A BaseException of the user's own."""
+
+
+def _sys_exit(ctx: Any) -> None:
+    sys.exit(0)
+
+
+def _argparse_error(ctx: Any) -> None:
+    argparse.ArgumentParser(prog="wrapped-cli").parse_args(["--no-such-flag"])
+
+
+def _interrupt(ctx: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _custom(ctx: Any) -> None:
+    raise _Custom("mine")
+
+
+_EXITS: dict[str, tuple[Callable[[Any], None], str]] = {
+    "sys.exit": (_sys_exit, "SystemExit: the handler called sys.exit(0)"),
+    "argparse": (_argparse_error, "SystemExit: the handler called sys.exit(2)"),
+    "KeyboardInterrupt": (_interrupt, "KeyboardInterrupt: the handler raised KeyboardInterrupt itself"),
+    "BaseException": (_custom, "_Custom: mine"),
+}
+
+
+async def _run_exiting(registry: trioq.Registry, task: str) -> tuple[trioq.Job, trioq.Job]:
+    """Run a job of ``task`` (two attempts), then a plain job: both through one open queue."""
+
+    @registry.task
+    async def after(ctx: trioq.JobContext) -> str:
+        return "still serving"
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        job = await queue.enqueue(task)
+        with trio.fail_after(30):
+            exited = await queue.wait(job.id)
+            later = await queue.wait((await queue.enqueue("after")).id)
+        stats = await queue.stats()
+    assert stats["workers"]["healthy"] == 1 and stats["totals"]["failed_attempts"] == 2
+    return exited, later
+
+
+@pytest.mark.parametrize("kind", ["async", "thread"])
+@pytest.mark.parametrize("how", sorted(_EXITS))
+async def test_a_handlers_own_exit_fails_its_attempt_and_the_queue_goes_on(
+    kind: str, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fn, error = _EXITS[how]
+    registry = trioq.Registry()
+
+    async def async_fn(ctx: Any) -> None:
+        fn(ctx)
+
+    registry.add(async_fn if kind == "async" else fn, name="exits", kind=kind, max_attempts=2, backoff=NO_WAIT)
+    exited, later = await _run_exiting(registry, "exits")
+    assert (exited.state, exited.attempts) == (JobState.DEAD, 2)  # both attempts counted
+    assert exited.error is not None and exited.error.startswith(error), exited.error
+    assert later.result == "still serving"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "error"),
+    [(handlers.exit_zero, "SystemExit: the handler called sys.exit(0)"), (handlers.interrupt, "KeyboardInterrupt")],
+    ids=["sys.exit", "KeyboardInterrupt"],
+)
+async def test_a_process_handlers_exit_fails_its_attempt_and_the_queue_goes_on(
+    fn: Callable[[Any], None], error: str
+) -> None:
+    registry = trioq.Registry()
+    registry.add(fn, name="exits", kind="process", max_attempts=2, backoff=NO_WAIT)
+    exited, later = await _run_exiting(registry, "exits")
+    assert (exited.state, exited.attempts) == (JobState.DEAD, 2)
+    assert exited.error is not None and exited.error.startswith(error), exited.error
+    assert later.result == "still serving"
+
+
+_SIGINT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time, trio, trioq
+
+    registry = trioq.Registry()
+
+    @registry.task
+    async def busy(ctx):
+        print("STARTED", flush=True)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:  # sync code with no checkpoint: the signal lands here
+            pass
+
+    async def main():
+        async with trioq.open_queue(registry, store=trioq.WALStore(sys.argv[1]), workers=1) as queue:
+            await queue.enqueue("busy")
+            await trio.sleep(30)
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_real_sigint_landing_in_a_handler_stops_the_queue_uncounted(tmp_path: Path) -> None:
+    script = tmp_path / "busy.py"
+    script.write_text(_SIGINT_SCRIPT)
+    wal = tmp_path / "wal"
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(wal)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "STARTED"
+        time.sleep(0.2)  # well inside the busy loop
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=15)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+    assert child.returncode != 0
+    assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+
+    async def reopen() -> trioq.Job:
+        async with trioq.open_queue(trioq.Registry(), store=trioq.WALStore(wal), workers=0) as queue:
+            (job,) = await queue.store.jobs([JobState.READY])
+            return job
+
+    job = trio.run(reopen)
+    assert (job.attempts, job.error) == (0, None)  # cut off by the signal: not an attempt
+
+
+_SERVING = re.compile(r"trioq serving on (http://127\.0\.0\.1:\d+)")
+
+
+@pytest.mark.slow
+def test_trioq_serve_keeps_serving_when_a_handler_calls_sys_exit(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env.pop("TRIOQ_TOKEN", None)
+    command = [sys.executable, "-m", "trioq.cli", "serve", "--app", "tests.exiting_app:registry"]
+    command += ["--wal", str(tmp_path / "wal"), "--host", "127.0.0.1", "--port", "0"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        url = _serving_url(child, timeout=15)
+        with httpx.Client(base_url=url, timeout=5) as client:
+            job_id = client.post("/jobs", json={"task": "quits"}).json()["id"]
+            deadline = time.monotonic() + 10
+            while (job := client.get(f"/jobs/{job_id}").json())["state"] != "dead":
+                assert time.monotonic() < deadline, job
+                time.sleep(0.02)
+            assert job["attempts"] == 2 and job["error"].startswith("SystemExit")
+            assert client.get("/healthz").status_code == 200
+            assert child.poll() is None  # the server is still up
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=15)
+        assert child.returncode == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _serving_url(child: subprocess.Popen[bytes], timeout: float) -> str:
+    assert child.stdout is not None
+    fd = child.stdout.fileno()
+    os.set_blocking(fd, False)
+    deadline = time.monotonic() + timeout
+    seen = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if selector.select(left):
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                seen += chunk
+                if match := _SERVING.search(seen.decode(errors="replace")):
+                    return match.group(1)
+    pytest.fail(f"trioq serve did not start: {seen!r}")
+
+
+async def test_a_shutdown_cancel_wrapped_in_a_handlers_nursery_still_releases_the_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # trio wraps the Cancelled leaving a handler's nursery in a group, which an
+    # `except trio.Cancelled` in the worker once missed: no release was recorded.
+    registry = trioq.Registry()
+    started = trio.Event()
+
+    @registry.task
+    async def fans_out(ctx: trioq.JobContext) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            started.set()
+            await trio.sleep_forever()
+
+    async with trioq.open_queue(registry, workers=1, shutdown_grace=0) as queue:
+        job = await queue.enqueue("fans_out")
+        await started.wait()
+    assert queue._totals.released == 1
+    async with trioq.open_queue(registry, store=queue.store, workers=0) as reopened:
+        back = await reopened.get(job.id)
+    assert (back.state, back.attempts) == (JobState.READY, 0)
