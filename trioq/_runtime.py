@@ -7,6 +7,7 @@ The queue talks to its store only through the async Store protocol.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -25,6 +26,7 @@ from ._model import (
     SimulatedCrash,
     TrioqError,
     check_json,
+    error_text,
     is_storable_int,
 )
 from ._registry import Registry
@@ -37,6 +39,8 @@ if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays 
     from ._faults import FaultPlan, FaultSession
 
 __all__ = ["Queue", "WaitTimeout", "open_queue"]
+
+log = logging.getLogger("trioq")
 
 # Scheduled jobs are promoted this long after their run_at: wall-clock run_at
 # converted to trio time and back can round a hair early, and promoting a job
@@ -398,12 +402,68 @@ class Queue:
             await self._pool.wait_drained()
 
 
-def _collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The single exception inside nested groups of one, or the group itself."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in ``exc`` (itself, or every one nested in its groups) but ``trio.Cancelled``,
+    each once, in order."""
+    leaves: list[BaseException] = []
+    pending = [exc]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending[:0] = current.exceptions
+        elif not isinstance(current, trio.Cancelled) and all(current is not seen for seen in leaves):
+            leaves.append(current)
+    return leaves
+
+
+def _rank(exc: BaseException, body: set[int]) -> int:
+    """Which error of several comes out of ``open_queue`` (lowest first): a Ctrl-C
+    looks like a Ctrl-C, an exit like an exit, then the body's own error."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 0
+    if isinstance(exc, SystemExit):
+        return 1
+    if not isinstance(exc, Exception):
+        return 2
+    return 3 if id(exc) in body else 4
+
+
+def _primary(group: BaseExceptionGroup[BaseException], body: BaseException | None) -> BaseException:
+    """The one error to raise for ``group`` (the group itself if it holds only cancellations).
+
+    When everything in it is the body's (``body``, the exception that left the
+    ``async with`` block), that is raised as it was: a group the body raised on
+    purpose stays a group. Otherwise the group's leaves, less ``trio.Cancelled``
+    and less any error that is the ``__cause__`` of another (a WAL writer's
+    error and its copies raised to each waiter), are ranked by :func:`_rank`,
+    ties going to the first in the group. The others are logged to the
+    ``trioq`` logger with their tracebacks and named in a note on the primary,
+    so nothing is lost and nothing is wrapped.
+    """
+    leaves = _leaves(group)
+    if not leaves:
+        return group
+    from_body = {id(exc) for exc in _leaves(body)} if body is not None else set()
+    if all(id(exc) in from_body for exc in leaves):
+        assert body is not None
+        if not isinstance(body, BaseExceptionGroup) or body.subgroup(trio.Cancelled) is None:
+            return body
+        return _without_cancelled(body) or leaves[0]
+    causes = {id(exc.__cause__) for exc in leaves if exc.__cause__ is not None}
+    leaves = [exc for exc in leaves if id(exc) not in causes] or leaves
+    primary = min(leaves, key=lambda exc: _rank(exc, from_body))
+    others = [exc for exc in leaves if exc is not primary]
+    for other in others:
+        log.error(
+            "trioq: %s came out of the queue as it stopped, beside %s (which is raised)",
+            type(other).__qualname__,
+            type(primary).__qualname__,
+            exc_info=other,
+        )
+    if others:
+        named = "; ".join(error_text(exc)[:200] for exc in others)
+        primary.add_note(f"trioq: the queue also stopped with {len(others)} more error(s), logged to 'trioq': {named}")
+    return primary
 
 
 @asynccontextmanager
@@ -426,7 +486,11 @@ async def open_queue(
     (not counted as attempts). Leaving it with an exception (or cancelled)
     skips the grace. ``workers=0`` opens a producer-only queue. Exceptions of
     the body and trioq's own errors come out as themselves, never wrapped in
-    an ``ExceptionGroup`` of one.
+    an ``ExceptionGroup``: when several errors come out at once (a second
+    Ctrl-C during shutdown, a full disk failing the writer and every caller),
+    one is raised (a ``KeyboardInterrupt`` or ``SystemExit`` first, then the
+    block's own error) and the others are logged to the ``trioq`` logger and
+    named in a note on it.
 
     ``faults`` applies a :class:`trioq.testing.FaultPlan`: failures, hangs and
     delays in attempts, and a simulated crash, after which
@@ -463,6 +527,7 @@ async def open_queue(
             store=queue.store,
             on_crash=queue._die,
         )
+    body_error: BaseException | None = None
     try:
         async with precise_wakeups(), queue.store.session(queue._config), trio.open_nursery() as nursery:
             if queue._faults is not None:
@@ -476,6 +541,7 @@ async def open_queue(
                 yield queue
                 graceful = True
             except BaseException as exc:
+                body_error = None if _without_cancelled(exc) is None else exc
                 if queue._faults is not None and queue._crash is None and _without_cancelled(exc) is not None:
                     # The body failed first: a crash point reached while the
                     # queue shuts down must not hide that failure.
@@ -494,7 +560,7 @@ async def open_queue(
             raise queue._crash from None  # it died: whatever else broke on the way down is moot
         if not isinstance(exc, BaseExceptionGroup):
             raise
-        single = _collapse(exc)
+        single = _primary(exc, body_error)
         if single is exc:
             raise
         # Re-raise the lone exception as itself, keeping its own cause and

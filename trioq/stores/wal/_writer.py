@@ -31,6 +31,7 @@ disk out of order, and a machine crash could leave a hole before a commit.
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
 import math
@@ -106,6 +107,25 @@ class _Batch:
 
     def is_done(self) -> bool:
         return self._done
+
+    def raise_error(self) -> None:
+        """Raise the batch's error, if it failed: a copy of it for each waiter, caused by it.
+
+        Every waiter raising the one exception object would make each raise
+        grow its traceback with the others' frames, and the queue would come
+        out holding the same error many times; a copy per waiter keeps each
+        traceback its own, and ``__cause__`` the writer's.
+        """
+        error = self.error
+        if error is None:
+            return
+        try:
+            fresh = copy.copy(error)
+        except Exception:  # an exception that cannot be rebuilt from its args
+            raise error from None
+        if hasattr(fresh, "__notes__"):  # copied as the same list: notes added later stay apart
+            fresh.__notes__ = list(fresh.__notes__)
+        raise fresh from error
 
     def set_done(self) -> None:
         """Wake every waiter (``error`` says whether it failed); later calls do nothing."""
@@ -261,8 +281,7 @@ class LogWriter:
         else:
             return
         await batch.wait(cancellable=cancellable)
-        if batch.error is not None:
-            raise batch.error
+        batch.raise_error()
 
     @property
     def busy(self) -> bool:
@@ -373,8 +392,7 @@ class LogWriter:
         if not self._wake.is_set():
             self._wake.set()
         await wanted.wait()
-        if wanted.error is not None:
-            raise wanted.error
+        wanted.raise_error()
 
     async def _checkpoint_on_request(self) -> None:
         wanted = self._checkpoint_wanted
