@@ -27,7 +27,13 @@ def _read(command: str, directory: str, err: TextIO) -> tuple[JobTable, Recovery
 
 
 def verify_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Check every segment; exit status 0 when the log replays cleanly (a torn tail is not damage)."""
+    """Check every segment; exit status 0 when the log replays cleanly (a torn tail is not damage).
+
+    Exit status 1 (``DAMAGED``, on ``err``) for anything recovery would refuse
+    with :class:`WALCorruption`: a damaged record, a missing segment (the
+    message names the file expected), or batches missing from an older
+    segment's end. 2 when ``directory`` does not exist.
+    """
     read = _read("verify", directory, err)
     if isinstance(read, int):
         return read

@@ -55,6 +55,7 @@ __all__ = [
     "WALCorruption",
     "chunk_crcs",
     "commit_frame",
+    "commit_info",
     "frame",
     "header",
     "scan_segment",
@@ -129,6 +130,13 @@ def commit_frame(batch: int, start: int = 0, chunk_crcs: tuple[int, ...] = ()) -
     crcs = b"".join(_CHUNK_CRC.pack(c) for c in chunk_crcs)
     body = bytes((COMMIT,)) + _COMMIT_BODY.pack(COMMIT_MAGIC, batch, start) + crcs
     return _FRAME.pack(len(body) - 1, crc32c(body), COMMIT) + body[1:]
+
+
+def commit_info(payload: bytes | memoryview) -> tuple[int, bool]:
+    """A commit marker's batch number, and whether it carries page chunk CRCs
+    (only ``fsync="always"`` writes them), from the marker's payload."""
+    _, batch, _ = _COMMIT_BODY.unpack_from(payload)
+    return int(batch), len(payload) > _COMMIT_BODY.size
 
 
 def _chunks(start: int, end: int) -> list[tuple[int, int]]:

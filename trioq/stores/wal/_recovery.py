@@ -6,15 +6,62 @@ giving the byte count) and recovery goes on. Damage anywhere else, in an older
 segment or before a later valid commit marker, is corruption: WALCorruption
 names the segment file and offset, and nothing past it is replayed.
 
-Zeros after the last commit marker, to the end of a segment, are padding (the
-writer zero-fills ahead with ``fsync="always"``; a crash can leave it there),
-not damage, in any segment: they are cut off without a warning.
+What a crash can leave, and is therefore not damage:
+
+- Segments older than the newest one that opens with a committed checkpoint
+  are deleted unread (logged at INFO): the checkpoint replaced them.
+- A last segment shorter than its header is removed, with a warning.
+- Zeros after the last commit marker of the *last* segment are padding (the
+  writer zero-fills ahead with ``fsync="always"``): cut off without a warning.
+- Zeros after the last commit marker of an *older* segment are padding only
+  where padding can be: the segment was written with ``fsync="always"`` (its
+  commit markers carry page CRCs; no other mode writes zeros ahead) and no
+  batch of its writer session is missing (see below). The writer trims a
+  segment when it leaves it, but the trim is not synced: a machine crash right
+  after the next session created its segment can leave the padding behind.
+
+What a crash cannot leave, and is therefore WALCorruption, though every
+record that remains reads cleanly (nothing here needs the format to change):
+
+- A gap in the segment numbers replay reads (1, 2, 4): the writer numbers
+  segments consecutively and deletes only segments older than a committed
+  checkpoint. The error names the first missing segment's file.
+- A log whose oldest segment read is not segment 1 and does not open with a
+  committed checkpoint: the segment before it is missing (named, as above).
+  A header-less last segment counts here, though it is removed and not read.
+- Batches missing between two segments. The writer numbers its commits 1,
+  2, 3, ... across every segment it writes (a checkpoint is one of them), and
+  a new session goes on from the last batch replayed (:attr:`Recovery.last_batch`)
+  in a fresh segment; a segment it opens by a roll begins with the batch after
+  the previous segment's last one, and with ``"always"`` and ``"interval"``
+  only once that segment is synced. So when a segment's first batch number
+  ``F`` is above 1, the last batch replayed before it (segments holding none
+  are skipped) must be ``F - 1``. An older segment cut, or zeroed, from a
+  commit boundary to its end is reported this way; the error names the
+  segment before, at its last commit's end. (Logs written before sessions
+  numbered on began each session at batch 1, which is not checked.)
+- Zeros after the last commit marker of an older segment not written with
+  ``fsync="always"`` (or holding no commit at all): nothing but an overwrite
+  puts them there.
+
+Of a *machine* crash, ``"always"`` and ``"interval"`` keep these rules (a
+roll and a close sync the segment left): with ``"never"`` (nothing synced) a
+segment's unsynced end can be lost while a later segment reached the disk.
+That is a loss of records the OS had been handed, which that mode allows; it
+is reported as corruption rather than replayed around.
+
+Undetectable: the end of a segment cut, or zeroed, from a commit boundary when
+no segment after it holds a batch (the log's last segment, or one followed only
+by empty segments), and the log's last segments deleted whole. By any reading
+of the files that is a crash after that commit; telling them apart would need a
+second durable record, updated at every commit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -34,9 +81,11 @@ from ._format import (
     HEADER_SIZE,
     Scan,
     WALCorruption,
+    commit_info,
     decode,
     list_segments,
     scan_segment,
+    segment_name,
 )
 from ._writer import fsync_dir
 
@@ -62,6 +111,9 @@ class Recovery:
     checkpoints_seen: int = 0
     #: ``(segment number, jobs in it)`` of the last checkpoint replayed, if any.
     last_checkpoint: tuple[int, int] | None = None
+    #: The number of the last batch replayed (0 if none): where a writer
+    #: session could go on numbering (see the module docstring).
+    last_batch: int = 0
 
     @property
     def last_segment(self) -> int:
@@ -135,47 +187,51 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
 
     With ``repair`` (the default), a torn tail is truncated on disk so the next
     segment can follow it; without, the log is only read (``trioq wal verify``).
-    The table should not drop jobs by count meanwhile (the log records those
-    drops); pass one with an unbounded ``max_retained``.
+    Either way every check runs before anything on disk changes: a log that
+    raises :class:`WALCorruption` is left as it was found (superseded segments,
+    a header-less last segment and padding included). The table should not
+    drop jobs by count meanwhile (the log records those drops); pass one with
+    an unbounded ``max_retained``.
     """
     segments = list_segments(directory)
     recovery = Recovery()
+    headerless: tuple[int, str] | None = None
     if segments and os.path.getsize(segments[-1][1]) < HEADER_SIZE:
         # Created, but its header never made it to disk: an unfinished write.
-        number, path = segments.pop()
-        recovery.truncated_bytes = os.path.getsize(path)
-        recovery.truncated_segment = path
-        if repair:
-            log.warning("trioq WAL: removing %s, a segment whose header was never written", path)
-            os.unlink(path)
-            fsync_dir(directory)
-    # Replay from the newest segment that opens with a committed checkpoint:
-    # everything before it is history the checkpoint replaced (left behind
-    # if a crash interrupted deleting it).
-    start, scans = 0, {}
-    for index in range(len(segments) - 1, 0, -1):
-        if _first_record_type(segments[index][1]) == CHECKPOINT_BEGIN:
-            scans[index] = scan = _scan(directory, segments[index][1])
-            if scan.batches and scan.first_kind == CHECKPOINT_BEGIN:  # its first batch is committed
-                start = index
-                break
-    if start and repair:
-        for _, path in segments[:start]:
-            log.info("trioq WAL: deleting %s, replaced by a later checkpoint", path)
-            os.unlink(path)
-        fsync_dir(directory)
-    recovery.segments = segments = segments[start:]
-    scans = {index - start: scan for index, scan in scans.items() if index >= start}
+        headerless = segments.pop()
+        recovery.truncated_bytes = os.path.getsize(headerless[1])
+        recovery.truncated_segment = headerless[1]
+    start, scans = _replay_start(directory, segments)
+    superseded, segments = segments[:start], segments[start:]
+    _check_numbers(directory, segments, headerless, scans)
+    recovery.segments = segments
     count = len(segments)
+    # Disk changes, made once the whole log has been read: (path, new size, torn bytes).
+    cuts: list[tuple[str, int, int]] = []
+    # The segment read before, and the number of the last batch replayed so far.
+    before: tuple[str, int] | None = None
     shared: dict[str, str] = {}
     shared_bytes: dict[bytes, bytes] = {}
     for index, (number, path) in enumerate(segments):
-        scan = scans.get(index) or _scan(directory, path)
+        scan = scans.pop(index, None) or _scan(directory, path)
         if scan.number != number:
             raise _corruption(directory, path, 0, f"header says segment {scan.number}, file name says {number}")
         last = index == count - 1
+        first = _first_commit(scan)
         tail = scan.size - scan.committed_end
-        padding = tail if tail and scan.data.count(0, scan.committed_end) == tail else 0
+        zeros = tail > 0 and scan.data.count(0, scan.committed_end) == tail
+        if zeros and not last and (first is None or not first[1]):
+            # Only fsync="always" pads (its markers carry page CRCs, no other
+            # mode's do), and only after a commit: these zeros overwrote records.
+            raise _corruption(
+                directory,
+                path,
+                scan.committed_end,
+                f"{tail} zero bytes after the last commit marker of a segment that is not the last and "
+                + ("was written without fsync='always' (the only mode that pads)" if first else "holds no commit")
+                + ": committed records were overwritten or lost",
+            )
+        padding = tail if zeros else 0
         if padding:
             tail = 0
         elif (
@@ -187,6 +243,9 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _corruption(directory, path, scan.damage_at, scan.damage or "damaged record")
         if tail and not last:
             raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
+        if before is not None and first is not None and first[0] > 1 and first[0] != recovery.last_batch + 1:
+            raise _batches_missing(directory, before, recovery.last_batch, first[0], path)
+        last_commit: memoryview | None = None
         add_packed = table.add_packed
         for kind, payload, offset in scan.committed():
             try:
@@ -202,6 +261,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                         packed = shared_bytes.setdefault(packed, packed)
                     applied = add_packed(r[0], task, packed, r[3], r[4], r[5], r[6], r[7]) is None
                 elif kind == COMMIT:
+                    last_commit = payload
                     continue
                 else:
                     fields = decode(payload)
@@ -213,24 +273,172 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             if kind == CHECKPOINT_BEGIN:
                 recovery.checkpoints_seen += 1
                 recovery.last_checkpoint = (number, int(fields[0]))
+        if last_commit is not None:
+            recovery.last_batch = commit_info(last_commit)[0]
+            del last_commit  # a view of the segment's bytes
+        before = (path, scan.committed_end)
         recovery.records += scan.records
         recovery.batches += scan.batches
-        scans.pop(index, None)  # one segment's bytes in memory at a time
         recovery.padding_bytes += padding
         if tail:
             recovery.truncated_bytes = tail
             recovery.truncated_segment = path
-        if repair and (tail or padding):
-            if tail:  # padding is no news: the writer zero-fills ahead
-                log.warning(
-                    "trioq WAL: truncating %d bytes after the last commit marker of %s (a write that never finished)",
-                    tail,
-                    path,
-                )
-            with open(path, "r+b") as f:
-                f.truncate(scan.committed_end)
-                os.fsync(f.fileno())
+        if tail or padding:
+            cuts.append((path, scan.committed_end, tail))
+        del scan  # one segment's bytes in memory at a time
+    if repair:
+        _repair(directory, headerless, superseded, cuts)
     return recovery
+
+
+def _replay_start(directory: str, segments: list[tuple[int, str]]) -> tuple[int, dict[int, Scan]]:
+    """The index of the newest segment that opens with a committed checkpoint (0 if none), and its scan.
+
+    Everything before it is history the checkpoint replaced (left behind if a
+    crash interrupted deleting it): it is not read. The segment at index 0 is
+    not looked at: replay starts there anyway. The scan comes back keyed by
+    the segment's index among the segments replay reads (0), for reuse.
+    """
+    for index in range(len(segments) - 1, 0, -1):
+        if _first_record_type(segments[index][1]) == CHECKPOINT_BEGIN:
+            scan = _scan(directory, segments[index][1])
+            if _opens_with_checkpoint(scan):
+                return index, {0: scan}
+    return 0, {}
+
+
+def _opens_with_checkpoint(scan: Scan) -> bool:
+    """Whether the segment's first record is a CHECKPOINT_BEGIN and its first batch is committed."""
+    return bool(scan.batches) and scan.first_kind == CHECKPOINT_BEGIN
+
+
+def _check_numbers(
+    directory: str, segments: list[tuple[int, str]], headerless: tuple[int, str] | None, scans: dict[int, Scan]
+) -> None:
+    """Raise :class:`WALCorruption` naming the first segment missing from the log replay reads.
+
+    ``segments`` are the segments replay reads, oldest first; a header-less
+    last segment (removed, not read) counts too. The writer numbers segments
+    1, 2, 3, ... and deletes only segments older than a segment that opens
+    with a committed checkpoint, so the numbers must be consecutive and the
+    oldest must be 1 unless it opens with such a checkpoint. An empty list is
+    a fresh log. Scans made for the check are left in ``scans`` (by index).
+    """
+    numbers = [number for number, _ in segments]
+    if headerless is not None:
+        numbers.append(headerless[0])
+    if not numbers:
+        return
+    oldest = numbers[0]
+    if oldest != 1:
+        opens = False
+        if segments:
+            scan = scans.get(0)
+            if scan is None and _first_record_type(segments[0][1]) == CHECKPOINT_BEGIN:
+                scans[0] = scan = _scan(directory, segments[0][1])
+            opens = scan is not None and _opens_with_checkpoint(scan)
+        if not opens:
+            raise _missing(
+                directory,
+                oldest - 1,
+                oldest - 1,
+                f"the log starts at segment {oldest} ({segment_name(oldest)}), which does not open with a committed "
+                "checkpoint, so the segments before it still hold jobs (the writer deletes a segment only once a "
+                "later checkpoint has replaced it)",
+            )
+    for previous, number in itertools.pairwise(numbers):
+        if number != previous + 1:
+            raise _missing(
+                directory,
+                previous + 1,
+                number - 1,
+                f"the log holds segment {previous} ({segment_name(previous)}) and then segment {number} "
+                f"({segment_name(number)}); the writer numbers segments consecutively",
+            )
+
+
+def _first_commit(scan: Scan) -> tuple[int, bool] | None:
+    """The batch number of the segment's first commit marker, and whether it carries page CRCs.
+
+    ``None`` when the segment holds no commit. Every marker of a segment comes
+    from one writer session (a session never appends to an older segment), so
+    page CRCs in the first mean the segment was written with ``fsync="always"``.
+    """
+    for kind, payload, _ in scan.committed():
+        if kind == COMMIT:
+            return commit_info(payload)
+    return None
+
+
+def _repair(
+    directory: str,
+    headerless: tuple[int, str] | None,
+    superseded: list[tuple[int, str]],
+    cuts: list[tuple[str, int, int]],
+) -> None:
+    """Make the disk what replay read: remove what a crash left, cut tails and padding (each synced)."""
+    if headerless is not None:
+        log.warning("trioq WAL: removing %s, a segment whose header was never written", headerless[1])
+        os.unlink(headerless[1])
+    for _, path in superseded:
+        log.info("trioq WAL: deleting %s, replaced by a later checkpoint", path)
+        os.unlink(path)
+    if headerless is not None or superseded:
+        fsync_dir(directory)
+    for path, size, torn in cuts:
+        if torn:  # padding is no news: the writer zero-fills ahead
+            log.warning(
+                "trioq WAL: truncating %d bytes after the last commit marker of %s (a write that never finished)",
+                torn,
+                path,
+            )
+        with open(path, "r+b") as f:
+            f.truncate(size)
+            os.fsync(f.fileno())
+
+
+def _missing(directory: str, first: int, last: int, why: str) -> WALCorruption:
+    """The error for segments ``first`` to ``last`` missing from ``directory`` (``path`` names the first)."""
+    path = os.path.join(directory, segment_name(first))
+    which = f"segment {first} ({path}) is missing" + (
+        f", and every segment after it up to {last} ({segment_name(last)})" if last > first else ""
+    )
+    return WALCorruption(
+        f"WAL corrupted: {which}: {why}. Nothing was replayed. If the file was moved away (or a backup was "
+        "restored without it), put it back; otherwise the jobs it held are lost. "
+        f"Inspect the log with `trioq wal verify {directory}`; keep a copy of the directory before repairing it.",
+        path=path,
+        offset=None,
+    )
+
+
+def _batches_missing(
+    directory: str, before: tuple[str, int], last_batch: int, first_batch: int, path: str
+) -> WALCorruption:
+    """The error for a segment whose first batch does not follow the last batch replayed before it."""
+    earlier, end = before
+    name = os.path.basename(path)
+    if last_batch < first_batch:
+        lost = (
+            f"batch {first_batch - 1} is"
+            if last_batch + 2 == first_batch
+            else f"batches {last_batch + 1} to {first_batch - 1} are"
+        )
+        what = (
+            (
+                f"the log's last batch up to here is batch {last_batch}"
+                if last_batch
+                else "no batch was committed up to here"
+            )
+            + f", and the next segment, {name}, continues its writer session with batch {first_batch}: {lost} missing "
+            "(the end of this segment was cut off or overwritten)"
+        )
+    else:
+        what = (
+            f"the log's last batch up to here is batch {last_batch}, but the next segment, {name}, begins with "
+            f"batch {first_batch} of the same writer session: the segments do not follow one another"
+        )
+    return _corruption(directory, earlier, end, what)
 
 
 def _scan(directory: str, path: str) -> Scan:

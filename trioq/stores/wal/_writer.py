@@ -190,6 +190,7 @@ class LogWriter:
         old_segments: list[tuple[int, str]],
         export: Callable[[], list[tuple[object, ...]]],
         live: Callable[[], int],
+        last_batch: int = 0,
     ) -> None:
         self.directory = directory
         self.fsync = fsync
@@ -205,7 +206,9 @@ class LogWriter:
         self._inflight: _Batch | None = None
         self._wake = trio.Event()
         self._closing = False
-        self._batch_no = 0
+        # Batches are numbered on from the log's last one, across sessions,
+        # so recovery can tell batches missing between any two segments.
+        self._batch_no = last_batch
         self._fd = -1
         self._segment = next_segment - 1
         self._segment_bytes = 0
@@ -357,6 +360,8 @@ class LogWriter:
                 continue
             if not self._pending:
                 if self._closing:
+                    if self._dirty and self.fsync == "interval":
+                        await self._sync_now()  # its promise holds to the end
                     return
                 self._wake = trio.Event()
                 if self._dirty and self.fsync == "interval":

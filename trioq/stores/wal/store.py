@@ -116,6 +116,7 @@ class WALStore(TableStore):
                     fsync=self.fsync,
                     segment_size=self.segment_size,
                     next_segment=recovery.last_segment + 1,
+                    last_batch=recovery.last_batch,
                     old_segments=recovery.segments,
                     export=self._export,
                     live=table.__len__,
