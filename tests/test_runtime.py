@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -694,7 +695,7 @@ async def test_waits_leave_nothing_behind_and_concurrent_waiters_all_wake(
             await trio.sleep(0.5)
             nursery.start_soon(waiter)  # joins the same event mid-wait
         assert results == ["up"] * 4
-        assert queue._waiters == {} and queue._waiting == {}
+        assert queue._waiters == {}
 
 
 def test_check_json_takes_the_fast_path_only_for_values_that_round_trip() -> None:
@@ -714,3 +715,59 @@ def test_check_json_takes_the_fast_path_only_for_values_that_round_trip() -> Non
     for bad in (*bad_values, {1: "a"}, {"a": [{"b": {True: 1}}]}, {"a": {None: 1}}):
         with pytest.raises(trioq.InvalidJob):
             check_json(bad, what="payload")
+
+
+@pytest.mark.parametrize("kind", ["memory", "wal"])
+@pytest.mark.parametrize("max_retained", [0, 1])
+async def test_a_waiter_gets_the_terminal_snapshot_of_a_job_evicted_as_it_finished(
+    kind: str, max_retained: int, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # wait() once woke, asked the store, and raised JobNotFound for a job that
+    # had succeeded: the max_retained bound dropped it in between.
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def nap(ctx: trioq.JobContext, fail: bool = False) -> str:
+        await trio.sleep(1.0)
+        if fail:
+            raise ValueError("no")
+        return "up"
+
+    store = trioq.MemoryStore() if kind == "memory" else trioq.WALStore(tmp_path / "wal", fsync="always")
+    async with trioq.open_queue(registry, store=store, workers=3, max_retained=max_retained) as queue:
+        jobs = await queue.enqueue_many([JobSpec("nap"), JobSpec("nap", {"fail": True}), JobSpec("nap")])
+        cancelled = await queue.enqueue("nap", delay=5.0)
+        finals: dict[str, trioq.Job] = {}
+
+        async def waiter(job_id: str) -> None:
+            finals[job_id] = await queue.wait(job_id)
+
+        async with trio.open_nursery() as nursery:
+            for job in [*jobs, cancelled]:
+                nursery.start_soon(waiter, job.id)
+            await trio.sleep(2.0)  # all three finish at once, each dropping the one before
+            await queue.cancel(cancelled.id)
+        assert [finals[j.id].state for j in jobs] == [JobState.SUCCEEDED, JobState.DEAD, JobState.SUCCEEDED]
+        assert finals[jobs[0].id].result == "up" and finals[jobs[1].id].error == "ValueError: no"
+        assert finals[cancelled.id].state is JobState.CANCELLED
+        with pytest.raises(trioq.JobNotFound):  # evicted before anyone waited: unknown, as documented
+            await queue.wait(jobs[0].id)
+        assert queue._waiters == {}
+
+
+async def test_wait_takes_an_infinite_timeout_and_refuses_bad_ones(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def nap(ctx: trioq.JobContext) -> str:
+        await trio.sleep(10.0)
+        return "up"
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        job = await queue.enqueue("nap")
+        assert (await queue.wait(job.id, timeout=math.inf)).result == "up"
+        assert (await queue.wait(job.id, timeout=0)).result == "up"
+        for bad in (-1, math.nan, "1", True):
+            with pytest.raises(trioq.InvalidJob) as excinfo:
+                await queue.wait(job.id, timeout=bad)  # type: ignore[arg-type]
+            assert excinfo.value.field == "timeout"

@@ -75,6 +75,15 @@ def _where(index: int | None) -> str:
     return "" if index is None else f"jobs[{index}]."
 
 
+@attrs.define(eq=False)
+class _Watch:
+    """The :meth:`Queue.wait` calls waiting for one job, and its terminal snapshot once it comes."""
+
+    finished: trio.Event = attrs.Factory(trio.Event)
+    job: Job | None = None
+    waiting: int = 0
+
+
 class Queue:
     """A running job queue. Get one from :func:`open_queue`; do not construct it."""
 
@@ -104,15 +113,18 @@ class Queue:
             totals=self._totals,
             on_outcome=self._outcome,
         )
+        # The jobs wait() calls are waiting for; the store hands each its
+        # terminal snapshot as it finishes (StoreConfig.watched, on_finished).
+        self._waiters: dict[str, _Watch] = {}
         self._config = StoreConfig(
             clock=self._clock,
             retention=retention,
             max_retained=max_retained,
             on_ready=self._pool.wake,
             on_scheduled=self._scheduled,
+            watched=self._waiters,
+            on_finished=self._finished,
         )
-        self._waiters: dict[str, trio.Event] = {}
-        self._waiting: dict[str, int] = {}  # how many wait() calls are in each job's loop
         self._progress = trio.Event()
         self._joiners = 0
         self._closing = False
@@ -236,45 +248,47 @@ class Queue:
         """Return the job once it is terminal (succeeded, dead or cancelled) and, with a
         store that logs, once that outcome is durable.
 
-        Raises :class:`~trioq.JobNotFound` for an unknown id, and a
-        ``TimeoutError`` (``trioq``'s ``WaitTimeout``) after ``timeout`` seconds
-        if the job is not terminal by then. Once it is, the wait for the log to
-        be synced is not bounded by ``timeout`` (a commit, normally well under
-        a millisecond; a disk that never answers would hold it).
+        Raises :class:`~trioq.JobNotFound` for an id the store does not know
+        when the wait begins, and a ``TimeoutError`` (``trioq``'s
+        ``WaitTimeout``) after ``timeout`` seconds (``None`` or ``math.inf``:
+        no limit) if the job is not terminal by then. A waiter gets the job's
+        terminal snapshot even if the job is evicted right after it finished
+        (a small ``max_retained``). Once the job is terminal, the wait for the
+        log to be synced is not bounded by ``timeout`` (a commit, normally
+        well under a millisecond; a disk that never answers would hold it).
         """
-        deadline = math.inf if timeout is None else trio.current_time() + _number("timeout", timeout)
+        if timeout is None:
+            deadline = math.inf
+        else:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+                raise InvalidJob(f"timeout must be a number >= 0 or None, got {timeout!r}", field="timeout")
+            deadline = trio.current_time() + timeout
         await trio.lowlevel.checkpoint()
-        while True:
-            # Take the event before reading the job: an outcome that lands
-            # while the store call is in flight must still wake us.
-            event = self._waiters.get(job_id)
-            if event is None:
-                event = self._waiters[job_id] = trio.Event()
-            self._waiting[job_id] = self._waiting.get(job_id, 0) + 1
-            try:
-                job = await self.store.get(job_id)
-                if job.state.terminal:
-                    # The table can be ahead of the log: a worker does not wait
-                    # for its outcome's record. Whoever waits hears of it once durable.
-                    # Not bounded by the timeout: sync() waits for every pending
-                    # record, not this job's alone, so a job long durable would
-                    # time out whenever others are in flight.
-                    await self.store.sync()
-                    return job
+        # Watch before reading the job: an outcome that lands while the store
+        # call is in flight must still reach us.
+        watch = self._waiters.get(job_id)
+        if watch is None:
+            watch = self._waiters[job_id] = _Watch()
+        watch.waiting += 1
+        try:
+            job = await self.store.get(job_id)
+            if not job.state.terminal:
                 with trio.move_on_at(deadline):
-                    await event.wait()
-                    continue
-                raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
-            finally:
-                # The last waiter to leave takes an event no outcome has set
-                # with it (a job already terminal never sets it: it leaked).
-                left = self._waiting[job_id] - 1
-                if left:
-                    self._waiting[job_id] = left
-                else:
-                    del self._waiting[job_id]
-                    if self._waiters.get(job_id) is event and not event.is_set():
-                        del self._waiters[job_id]
+                    await watch.finished.wait()
+                if watch.job is None:
+                    raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
+                job = watch.job
+            # The table can be ahead of the log: a worker does not wait for
+            # its outcome's record. Whoever waits hears of it once durable.
+            # Not bounded by the timeout: sync() waits for every pending
+            # record, not this job's alone, so a job long durable would time
+            # out whenever others are in flight.
+            await self.store.sync()
+            return job
+        finally:
+            watch.waiting -= 1
+            if not watch.waiting and self._waiters.get(job_id) is watch:
+                del self._waiters[job_id]
 
     async def join(self) -> None:
         """Until no job is ready, scheduled or running (returns at once if none is).
@@ -357,12 +371,16 @@ class Queue:
             raise TrioqError("the queue is shutting down; it accepts no new work")
 
     def _outcome(self, job_id: str, terminal: bool) -> None:
-        if terminal:
-            event = self._waiters.pop(job_id, None)
-            if event is not None:
-                event.set()
+        """An attempt's outcome was recorded: join() looks again."""
         if self._joiners:
             self._progress.set()  # join() swaps in a fresh event when it looks again
+
+    def _finished(self, job: Job) -> None:
+        """The store's call for a watched job that just became terminal (inside the transition)."""
+        watch = self._waiters.pop(job.id, None)
+        if watch is not None:
+            watch.job = job
+            watch.finished.set()
 
     def _die(self, crash: SimulatedCrash) -> None:
         """A simulated crash: stop everything at once; ``open_queue`` raises ``crash``."""

@@ -20,7 +20,7 @@ a transition from the wrong state raises :class:`~trioq.InvalidJob`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Container, Iterator
 from typing import Any
 
 import msgspec
@@ -147,6 +147,10 @@ class JobTable:
         #: Called with the id of each job dropped by the ``max_retained`` bound
         #: inside a transition (a durable store logs these drops).
         self.on_overflow_drop: Callable[[str], None] | None = None
+        #: Ids of jobs whose terminal snapshot ``on_finish`` gets as they finish,
+        #: before the ``max_retained`` bound can drop them (see StoreConfig.watched).
+        self.watched: Container[str] = ()
+        self.on_finish: Callable[[Job], None] = _ignore
 
     # ----------------------------------------------------------------- queries
 
@@ -604,6 +608,8 @@ class JobTable:
         self._move(entry, state)
         entry.finished_at = now
         self._retain(entry)
+        if entry.id in self.watched:
+            self.on_finish(entry.snapshot())
         # The count bound holds at every moment, not just after evict(); being
         # part of the transition, replay reproduces it without a record.
         # Unrolled _oldest/_evict_oldest/_forget: past the bound this runs
@@ -644,6 +650,10 @@ class JobTable:
             if len(heap) > 2 * self._counts[_SCHEDULED] + CHUNK:
                 self._scheduled = [item for item in heap if item[2].slot == item[3]]
                 heapq.heapify(self._scheduled)
+
+
+def _ignore(job: Job) -> None:
+    """The default :attr:`JobTable.on_finish`: nobody watches."""
 
 
 def _current_ready(ready: ReadyQueue) -> ReadyQueue:

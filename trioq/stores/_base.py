@@ -9,7 +9,7 @@ implements the same calls in SQL. Every store passes the conformance suite in
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Container, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +56,12 @@ class StoreConfig:
     wake-up signal: the store calls it whenever ``n`` jobs may have become
     claimable. ``on_scheduled(run_at)`` tells the runtime's timer that a job
     was scheduled for ``run_at`` so it can wake in time.
+
+    ``watched`` holds the ids of jobs someone waits for (it may change at any
+    moment); ``on_finished(job)`` gets the terminal snapshot of each watched
+    job as it becomes terminal (success, death, cancel), whoever made it so,
+    called synchronously inside the transition, before anything (the
+    ``max_retained`` bound) can evict the job. It must not call the store.
     """
 
     clock: Callable[[], float]
@@ -63,6 +69,8 @@ class StoreConfig:
     max_retained: int = 100_000
     on_ready: Callable[[int], None] = lambda n: None
     on_scheduled: Callable[[float], None] = lambda run_at: None
+    watched: Container[str] = ()
+    on_finished: Callable[[Job], None] = lambda job: None
 
 
 class IdMaker:

@@ -72,6 +72,12 @@ class TableStore:
 
     # Helpers -------------------------------------------------------------
 
+    def _attach(self, table: JobTable, config: StoreConfig) -> None:
+        """Serve the session of ``config`` from ``table`` (its watched jobs' outcomes included)."""
+        table.watched = config.watched
+        table.on_finish = config.on_finished
+        self._table, self._config = table, config
+
     def _open(self) -> tuple[JobTable, StoreConfig]:
         table, config = self._table, self._config
         if table is None or config is None:

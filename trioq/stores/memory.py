@@ -39,11 +39,12 @@ class MemoryStore(TableStore):
             self._table.retention = config.retention
             self._table.max_retained = config.max_retained
             self._table.evict(config.clock())  # the new bounds hold from the start
-        self._config = config
+        self._attach(self._table, config)
         try:
             yield
         finally:
             self._release_running()
+            self._table.watched = ()  # the table outlives the session; its waiters do not
             self._config = None
             self._in_use = False
 

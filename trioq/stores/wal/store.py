@@ -109,7 +109,7 @@ class WALStore(TableStore):
             self.recovery = recovery
             table.max_retained = config.max_retained
             table.on_overflow_drop = self._drops.append
-            self._table, self._config = table, config
+            self._attach(table, config)
             async with trio.open_nursery() as nursery:
                 writer = LogWriter(
                     self.path,
