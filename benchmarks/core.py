@@ -20,10 +20,11 @@ the ratio, the target and whether it was met. Sections:
 ``sleep_bound``
     Jobs that each ``await trio.sleep(0.020)``, at 16 and 64 workers, against a
     bare channel drained by as many tasks with the same sleep; the ideal is
-    ``workers / 0.020`` jobs/s. The baseline runs the timerfd wake-ups every
-    open queue runs (``trioq._wakeups``), so the ratio is trioq's own cost; the
-    same drain on plain trio (deadlines woken at whole milliseconds) is
-    reported beside it as ``plain_trio_*``.
+    ``workers / 0.020`` jobs/s. Every queue here runs with
+    ``precise_timers=True`` (as ``trioq serve`` does) and the baseline with the
+    same timerfd wake-ups (``trioq._wakeups``), so the ratio is trioq's own
+    cost; the same drain on plain trio (deadlines woken at whole
+    milliseconds) is reported beside it as ``plain_trio_*``.
 ``latency``
     An idle pool of 16 workers gets one job every ~1 ms; the latency is the
     handler's first ``perf_counter()`` minus the one taken just before
@@ -126,7 +127,9 @@ async def trioq_drain(
     ``max_retained`` is the queue's (``open_queue``'s default unless given).
     """
     store = trioq.MemoryStore()
-    async with trioq.open_queue(REGISTRY, store=store, workers=0, max_retained=max_retained) as producer:
+    async with trioq.open_queue(
+        REGISTRY, store=store, workers=0, max_retained=max_retained, precise_timers=True
+    ) as producer:
         gc.collect()
         rss_before = rss_bytes()
         with GcClock() as enqueue_gc:
@@ -136,7 +139,9 @@ async def trioq_drain(
     gc.collect()
     with GcClock() as drain_gc:
         t0 = perf_counter()
-        async with trioq.open_queue(REGISTRY, store=store, workers=workers, max_retained=max_retained) as queue:
+        async with trioq.open_queue(
+            REGISTRY, store=store, workers=workers, max_retained=max_retained, precise_timers=True
+        ) as queue:
             with trio.move_on_after(limit):
                 await queue.join()
             drain_s = perf_counter() - t0
@@ -251,15 +256,16 @@ def section_sleep_bound(n: int, widths: tuple[int, ...], rounds: int) -> None:
                 "plain_trio_vs_ideal": r3(median(plain) / (workers / SLEEP)),
                 "plain_trio_rounds": [r3(x) for x in plain],
                 "method": "as noop_drain (enqueue via workers=0 queue, time open_queue(workers=W) to join()); "
-                "bare channel drained by W tasks with the same sleep, beside the timerfd wake-ups every queue runs "
-                "(trioq._wakeups); plain_trio: the same bare drain without them; alternating, median of rounds",
+                "bare channel drained by W tasks with the same sleep, beside the timerfd wake-ups the queue "
+                "runs (precise_timers=True, trioq._wakeups); plain_trio: the same bare drain without them; "
+                "alternating, median of rounds",
             }
         )
 
 
 async def trioq_latency(n: int, warmup: int, workers: int) -> list[float]:
     _SAMPLES.clear()
-    async with trioq.open_queue(REGISTRY, workers=workers) as queue:
+    async with trioq.open_queue(REGISTRY, workers=workers, precise_timers=True) as queue:
         await trio.sleep(0.05)  # let every worker park: the pool is idle
         for _ in range(warmup + n):
             t = perf_counter()

@@ -41,7 +41,7 @@ def registry() -> trioq.Registry:
 
 async def drain(workers: int, jobs: int, rounds: int) -> tuple[float, int, dict[str, int]]:
     """Seconds to run ``jobs`` cpu jobs at ``workers``; hang detections; the totals."""
-    async with trioq.open_queue(registry(), workers=workers) as queue:
+    async with trioq.open_queue(registry(), workers=workers, precise_timers=True) as queue:
         started = perf_counter()
         await queue.enqueue_many([trioq.JobSpec("cpu", {"rounds": rounds})] * jobs)
         await queue.join()

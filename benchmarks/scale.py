@@ -59,7 +59,7 @@ async def child(store_kind: str, n: int, directory: str) -> dict[str, Any]:
     base_rss = rss_bytes()
     line: dict[str, Any] = {"section": "scale", "store": store_kind, "jobs": n}
     store: trioq.Store = trioq.MemoryStore() if store_kind == "memory" else trioq.WALStore(directory)
-    async with trioq.open_queue(reg, store=store, workers=0) as queue:
+    async with trioq.open_queue(reg, store=store, workers=0, precise_timers=True) as queue:
         enqueue_s = await fill(queue, "noop", n)
         gc.collect()
         line["rss_per_job_bytes"] = round((rss_bytes() - base_rss) / n, 1)
@@ -68,7 +68,7 @@ async def child(store_kind: str, n: int, directory: str) -> dict[str, Any]:
         line["wal_bytes_per_job"] = round(du(directory) / n, 1)
         store = trioq.WALStore(directory)
         opened = perf_counter()
-    async with trioq.open_queue(reg, store=store, workers=WORKERS) as queue:
+    async with trioq.open_queue(reg, store=store, workers=WORKERS, precise_timers=True) as queue:
         if store_kind != "memory":
             line["recovery_s"] = r3(perf_counter() - opened)
             line["recovery_records_per_s"] = r3(n / (perf_counter() - opened))

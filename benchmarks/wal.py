@@ -168,7 +168,7 @@ async def submit_round(kind: str, n: int, workers: int, submitters: int) -> dict
                 await queue.enqueue("sleepy")
                 latencies.append(perf_counter() - t)
 
-        async with trioq.open_queue(REGISTRY, store=store, workers=workers) as queue:
+        async with trioq.open_queue(REGISTRY, store=store, workers=workers, precise_timers=True) as queue:
             b0, r0 = writer_counts(store)
             t0 = perf_counter()
             async with trio.open_nursery() as nursery:
@@ -247,13 +247,13 @@ def section_submit(n: int, workers: int, submitters: int, rounds: int) -> None:
 async def drain_round(kind: str, n: int, workers: int) -> dict[str, Any]:
     with log_dir() as path:
         store = make_store(kind, path)
-        async with trioq.open_queue(REGISTRY, store=store, workers=0) as producer:
+        async with trioq.open_queue(REGISTRY, store=store, workers=0, precise_timers=True) as producer:
             enqueue_s = await fill(producer, "noop", n)
         if kind != "memory":
             store = make_store(kind, path)  # a restart: the open replays the log
         gc.collect()
         t0 = perf_counter()
-        async with trioq.open_queue(REGISTRY, store=store, workers=workers) as queue:
+        async with trioq.open_queue(REGISTRY, store=store, workers=workers, precise_timers=True) as queue:
             t1 = perf_counter()
             b1, r1 = writer_counts(store)
             await queue.join()
@@ -326,7 +326,7 @@ def section_noop_drain(n: int, workers: int, rounds: int) -> None:
 
 async def build_log(path: str, n: int) -> dict[str, Any]:
     store = trioq.WALStore(path, fsync="never")
-    async with trioq.open_queue(REGISTRY, store=store, workers=0, max_retained=n + 1) as producer:
+    async with trioq.open_queue(REGISTRY, store=store, workers=0, max_retained=n + 1, precise_timers=True) as producer:
         enqueue_s = await fill(producer, "noop", n)
         records = store._writer.records_written if store._writer else 0
     return {"enqueue_s": enqueue_s, "records_written": records}
@@ -335,7 +335,7 @@ async def build_log(path: str, n: int) -> dict[str, Any]:
 async def _timed_open(path: str) -> dict[str, Any]:
     store = trioq.WALStore(path)  # the default, fsync="always"
     t0 = perf_counter()
-    async with trioq.open_queue(REGISTRY, store=store, workers=0):
+    async with trioq.open_queue(REGISTRY, store=store, workers=0, precise_timers=True):
         open_s = perf_counter() - t0
         assert store.recovery is not None
         recovery = store.recovery
@@ -429,7 +429,9 @@ def section_recovery(n: int, rounds: int) -> None:
 
 async def kill9_child_main(path: str, workers: int, submitters: int) -> None:
     store = trioq.WALStore(path, fsync="always")
-    async with trioq.open_queue(REGISTRY, store=store, workers=workers, max_retained=10_000_000) as queue:
+    async with trioq.open_queue(
+        REGISTRY, store=store, workers=workers, max_retained=10_000_000, precise_timers=True
+    ) as queue:
 
         async def submitter() -> None:
             while True:
@@ -445,7 +447,9 @@ async def kill9_child_main(path: str, workers: int, submitters: int) -> None:
 async def kill9_restart(path: str, acked: list[str], workers: int) -> dict[str, Any]:
     store = trioq.WALStore(path, fsync="always")
     t0 = perf_counter()
-    async with trioq.open_queue(REGISTRY, store=store, workers=workers, max_retained=10_000_000) as queue:
+    async with trioq.open_queue(
+        REGISTRY, store=store, workers=workers, max_retained=10_000_000, precise_timers=True
+    ) as queue:
         open_s = perf_counter() - t0
         assert store.recovery is not None
         recovery = store.recovery

@@ -137,7 +137,7 @@ async def test_a_queue_wakes_its_sleepers_through_the_timerfd(monkeypatch: pytes
 
     monkeypatch.setattr(Timerfd, "arm", recording_arm)
     monkeypatch.setattr(Timerfd, "consume", recording_consume)
-    async with trioq.open_queue(trioq.Registry(), workers=1):
+    async with trioq.open_queue(trioq.Registry(), workers=1, precise_timers=True):
         deadlines = []
         for _ in range(3):
             deadlines.append(trio.current_time() + 0.003)
@@ -156,7 +156,7 @@ async def test_one_service_per_run_whatever_order_queues_close_in() -> None:
     first_closed = trio.Event()
 
     async def first() -> None:
-        async with trioq.open_queue(registry, workers=1):
+        async with trioq.open_queue(registry, workers=1, precise_timers=True):
             first_open.set()
             await first_may_close.wait()
         first_closed.set()
@@ -166,7 +166,7 @@ async def test_one_service_per_run_whatever_order_queues_close_in() -> None:
         await first_open.wait()
         service = _wakeups._service.get()
         assert service is not None and service.users == 1
-        async with trioq.open_queue(registry, workers=1):
+        async with trioq.open_queue(registry, workers=1, precise_timers=True):
             assert _wakeups._service.get() is service and service.users == 2
             first_may_close.set()
             await first_closed.wait()
@@ -182,14 +182,14 @@ async def test_one_service_per_run_whatever_order_queues_close_in() -> None:
 async def test_not_under_a_mock_clock(autojump_clock: trio.testing.MockClock) -> None:
     # Virtual deadlines are no real time to arm a timer for.
     assert not _wakeups.supported()
-    async with trioq.open_queue(trioq.Registry(), workers=1):
+    async with trioq.open_queue(trioq.Registry(), workers=1, precise_timers=True):
         assert _wakeups._service.get() is None
         await trio.sleep(10.0)  # jumps: the loop still looks idle
 
 
 @real_clock
 async def test_wait_all_tasks_blocked_with_a_cushion_still_returns() -> None:
-    async with trioq.open_queue(trioq.Registry(), workers=2):
+    async with trioq.open_queue(trioq.Registry(), workers=2, precise_timers=True):
         assert _wakeups._service.get() is not None
         with trio.fail_after(5):
             # A deadline further off than the cushion: the loop waits the
@@ -207,7 +207,7 @@ async def test_a_failing_hook_is_dropped_by_trio_and_the_queue_goes_on(
 
     monkeypatch.setattr(Timerfd, "arm", refuse)
     with caplog.at_level(logging.ERROR):
-        async with trioq.open_queue(trioq.Registry(), workers=1):
+        async with trioq.open_queue(trioq.Registry(), workers=1, precise_timers=True):
             await trio.sleep(0.005)  # the loop blocks until a deadline: the hook raises
             assert "before_io_wait" not in _instrument_hooks()
     assert "timerfd_settime refused" in caplog.text
@@ -224,7 +224,7 @@ async def test_a_failing_reader_is_logged_and_the_run_goes_on(
 
     monkeypatch.setattr(Timerfd, "consume", refuse)
     with caplog.at_level(logging.ERROR, logger="trioq"):
-        async with trioq.open_queue(trioq.Registry(), workers=1):
+        async with trioq.open_queue(trioq.Registry(), workers=1, precise_timers=True):
             service = _wakeups._service.get()
             assert service is not None
             async with trio.open_nursery() as nursery:
@@ -243,7 +243,7 @@ async def test_no_timerfd_no_service(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError(1, "timerfd_create: Operation not permitted")
 
     monkeypatch.setattr(Timerfd, "__init__", refuse)
-    async with trioq.open_queue(trioq.Registry(), workers=1):
+    async with trioq.open_queue(trioq.Registry(), workers=1, precise_timers=True):
         assert _wakeups._service.get() is None
         await trio.sleep(0.002)
 
@@ -266,8 +266,19 @@ async def test_a_run_that_takes_no_new_system_task_gets_no_service_and_keeps_no_
 
     monkeypatch.setattr(Timerfd, "__init__", recording_init)
     monkeypatch.setattr(trio.lowlevel, "spawn_system_task", closed)
-    async with trioq.open_queue(trioq.Registry(), workers=1):
+    async with trioq.open_queue(trioq.Registry(), workers=1, precise_timers=True):
         assert _wakeups._service.get() is None
         assert "before_io_wait" not in _instrument_hooks()
         await trio.sleep(0.002)
     assert len(made) == 1 and made[0].fd == -1
+
+
+@real_clock
+async def test_off_unless_asked_for_a_library_must_not_change_its_hosts_timers() -> None:
+    assert _wakeups.supported()
+    async with trioq.open_queue(trioq.Registry(), workers=1):
+        assert _wakeups._service.get() is None
+        assert "before_io_wait" not in _instrument_hooks()
+    with pytest.raises(TypeError, match="precise_timers"):
+        async with trioq.open_queue(trioq.Registry(), precise_timers="yes"):  # type: ignore[arg-type]
+            pass  # pragma: no cover

@@ -7,6 +7,7 @@ The queue talks to its store only through the async Store protocol.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -496,6 +497,7 @@ async def open_queue(
     retention: float = 3600.0,
     max_retained: int = 100_000,
     faults: FaultPlan | None = None,
+    precise_timers: bool = False,
 ) -> AsyncIterator[Queue]:
     """Open a queue on ``store`` (a fresh ``MemoryStore`` if ``None``) with ``workers`` workers.
 
@@ -509,6 +511,14 @@ async def open_queue(
     one is raised (a ``KeyboardInterrupt`` or ``SystemExit`` first, then the
     block's own error) and the others are logged to the ``trioq`` logger and
     named in a note on it.
+
+    ``precise_timers=True`` makes every deadline of this trio run wake on time
+    while the queue is open (CPython rounds trio's waits up to whole
+    milliseconds, so a deadline is otherwise reached up to 1 ms late): a Linux
+    timerfd armed for the run's next deadline. It changes the timers of the
+    whole run, the host program's included, so it is off unless asked for;
+    ``trioq serve`` turns it on. It does nothing under a ``MockClock`` or where
+    timerfd is missing.
 
     ``faults`` applies a :class:`trioq.testing.FaultPlan`: failures, hangs and
     delays in attempts, and a simulated crash, after which
@@ -524,6 +534,8 @@ async def open_queue(
         raise ValueError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace!r}")
     if max_ready is not None and (isinstance(max_ready, bool) or not isinstance(max_ready, int) or max_ready < 1):
         raise ValueError(f"max_ready must be an int >= 1 or None, got {max_ready!r}")
+    if not isinstance(precise_timers, bool):
+        raise TypeError(f"precise_timers must be True or False, got {precise_timers!r}")
     if faults is not None:
         from ._faults import FaultPlan, FaultSession
     if faults is not None and not isinstance(faults, FaultPlan):
@@ -547,7 +559,8 @@ async def open_queue(
         )
     body_error: BaseException | None = None
     try:
-        async with precise_wakeups(), queue.store.session(queue._config), trio.open_nursery() as nursery:
+        wakeups = precise_wakeups() if precise_timers else contextlib.nullcontext()
+        async with wakeups, queue.store.session(queue._config), trio.open_nursery() as nursery:
             if queue._faults is not None:
                 queue._faults.opened = True
             queue._scope = nursery.cancel_scope

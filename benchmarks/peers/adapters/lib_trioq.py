@@ -54,13 +54,13 @@ def make_store(variant: str, directory: str) -> trioq.Store:
 async def fill_then_drain(args, task: str, directory: str) -> tuple[float, float]:
     """Enqueue with a producer-only queue, then time a queue with workers draining them."""
     store = make_store(args.variant, directory)
-    async with trioq.open_queue(registry, store=store, workers=0) as queue:
+    async with trioq.open_queue(registry, store=store, workers=0, precise_timers=True) as queue:
         started = perf_counter()
         await queue.enqueue_many([trioq.JobSpec(task)] * args.jobs)
         enqueue_s = perf_counter() - started
     if args.variant != "memory":
         store = make_store(args.variant, directory)  # a WAL reopens from its directory
-    async with trioq.open_queue(registry, store=store, workers=args.concurrency) as queue:
+    async with trioq.open_queue(registry, store=store, workers=args.concurrency, precise_timers=True) as queue:
         started = perf_counter()
         await queue.join()
         drain_s = perf_counter() - started
@@ -75,7 +75,7 @@ async def main() -> None:
         else:
             store = make_store(args.variant, directory)
             TRACKER.expect(args.jobs)
-            async with trioq.open_queue(registry, store=store, workers=args.concurrency) as queue:
+            async with trioq.open_queue(registry, store=store, workers=args.concurrency, precise_timers=True) as queue:
                 await trio.sleep(0.2)  # idle workers
                 for _ in range(args.jobs):
                     await queue.enqueue("stamp", {"t": perf_counter()})
