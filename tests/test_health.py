@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trioq
-from trioq import Backoff, JobState
+from trioq import Backoff, JobSpec, JobState
 from trioq._worker import STUCK_GRACE
 
 NO_WAIT = Backoff(base=0.0, jitter=0.0)
@@ -397,3 +397,39 @@ def test_waves_of_stuck_workers_are_all_caught_and_the_pool_recovers(
         assert stats["workers"]["replaced"] == stuck
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_hang_runs_again_at_once_and_a_timeout_after_its_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """DESIGN.md section 4 (decided): the wait for the missed heartbeat was the delay."""
+    registry = trioq.Registry()
+    starts: dict[str, list[float]] = {"silent": [], "slow": [], "shielded": []}
+    slow_backoff = Backoff(base=30.0, jitter=0.0)
+
+    @registry.task(heartbeat_timeout=2.0, backoff=slow_backoff, max_attempts=2)
+    async def silent(ctx: trioq.JobContext) -> None:
+        starts["silent"].append(trio.current_time())
+        if ctx.attempt == 1:
+            await trio.sleep_forever()
+
+    @registry.task(timeout=2.0, backoff=slow_backoff, max_attempts=2)
+    async def slow(ctx: trioq.JobContext) -> None:
+        starts["slow"].append(trio.current_time())
+        if ctx.attempt == 1:
+            await trio.sleep_forever()
+
+    @registry.task(heartbeat_timeout=2.0, backoff=slow_backoff, max_attempts=2)
+    async def shielded(ctx: trioq.JobContext) -> None:
+        starts["shielded"].append(trio.current_time())
+        if ctx.attempt == 1:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(10.0)  # declared stuck after the grace
+
+    async with trioq.open_queue(registry, workers=3) as queue:
+        jobs = await queue.enqueue_many([JobSpec(name) for name in starts])
+        for job in jobs:
+            assert (await queue.wait(job.id)).state is JobState.SUCCEEDED
+    assert starts["silent"][1] - starts["silent"][0] == pytest.approx(2.0, abs=1e-3)
+    assert starts["shielded"][1] - starts["shielded"][0] == pytest.approx(2.0 + STUCK_GRACE, abs=1e-3)
+    assert starts["slow"][1] - starts["slow"][0] == pytest.approx(2.0 + 30.0, abs=1e-3)

@@ -66,9 +66,14 @@ class Attempt:
             self.set_deadline(min(self.timeout_at, trio.current_time() + self.heartbeat_timeout))
         return True
 
+    @property
+    def missed_heartbeat(self) -> bool:
+        """Whether the deadline now is the heartbeat's (earlier than the timeout's): a hang, if it passes."""
+        return self.deadline < self.timeout_at
+
     def deadline_error(self) -> str:
         """The error text for an attempt stopped by its deadline: timed out, or hung."""
-        if self.timeout_at <= self.deadline:
+        if not self.missed_heartbeat:
             return f"AttemptTimeout: attempt timed out after {self.task.timeout:g}s"
         return f"AttemptHung: attempt hung: no heartbeat for {self.heartbeat_timeout:g}s"
 

@@ -5,8 +5,9 @@ run one attempt inside the attempt's cancel scope, record the outcome under
 the epoch it claimed. The health watcher sleeps until the earliest attempt
 deadline plus :data:`STUCK_GRACE`; a worker still inside an attempt by then
 (shielded code, a handler that swallows cancellation) is declared stuck: its
-job is failed as hung (and so requeued under a new epoch at its next claim),
-and a replacement worker takes its slot. The stuck task exits when it finally
+job is failed as hung (and so requeued under a new epoch at its next claim;
+at once when the deadline was a heartbeat's, after the backoff when it was the
+timeout's), and a replacement worker takes its slot. The stuck task exits when it finally
 returns, its late outcome refused by the epoch check. So at most ``size``
 attempts are ever live.
 """
@@ -455,15 +456,21 @@ class WorkerPool:
                         self._totals.succeeded += 1
                         self._on_outcome(job.id, True)
             if error is not None:
-                await self._fail(job, task, error)
+                hung = attempt is not None and attempt.missed_heartbeat and error.startswith("AttemptHung")
+                await self._fail(job, task, error, at_once=hung)
         finally:
             if self._cancelled_claims:
                 self._cancelled_claims.discard((job.id, job.epoch))
             me.job = me.attempt = me.task = None
 
-    async def _fail(self, job: Job, task: TaskDef | None, error: str) -> None:
-        backoff = task.backoff if task is not None else _DEFAULT_BACKOFF
-        delay = backoff.delay(job.attempts + 1, self._random.random())
+    async def _fail(self, job: Job, task: TaskDef | None, error: str, *, at_once: bool = False) -> None:
+        """Record a failed attempt; the job runs again after its backoff, or ``at_once`` (a hang:
+        the wait for the missed heartbeat was the delay, DESIGN.md section 4)."""
+        if at_once:
+            delay = 0.0
+        else:
+            backoff = task.backoff if task is not None else _DEFAULT_BACKOFF
+            delay = backoff.delay(job.attempts + 1, self._random.random())
         failed = await self._store.fail(job.id, job.epoch, error, self._clock() + delay)
         if failed is None:
             return
@@ -541,4 +548,5 @@ class WorkerPool:
                 attempt.task,
                 f"AttemptHung: attempt still running {STUCK_GRACE:g}s after its deadline "
                 "(shielded from cancellation, or blocked in a call that ignores it); its worker was replaced",
+                at_once=attempt.missed_heartbeat,
             )
