@@ -207,3 +207,128 @@ async def test_blueprint_mounts_into_a_users_app(queue: trioq.Queue) -> None:
         assert response.status_code == 202
         big = await client.post("/queue/jobs", json={"task": "echo", "payload": {"text": "x" * 100}}, headers=AUTH)
         assert big.status_code == 413
+
+
+# ------------------------------------------------------------ review fixes
+
+
+@pytest.mark.parametrize("bad", ["", " ", "\t\n", "é", "tøken", "two words", "line\n", "\x00"])
+async def test_an_unusable_token_is_refused_not_taken_as_no_auth(queue: trioq.Queue, bad: str) -> None:
+    # token=None is "no authentication"; an empty or blank token is a mistake (an unset variable),
+    # and a non-ASCII one cannot be sent the same way by every client: both refused up front.
+    for make in (create_app, blueprint):
+        with pytest.raises(ValueError, match="token=None"):
+            make(queue, token=bad)
+    with pytest.raises(TypeError, match="token must be a str"):
+        create_app(queue, token=b"bytes")  # type: ignore[arg-type]
+    # Printable ASCII works, sent as is.
+    app = create_app(queue, token="A-z_0.9~+/=!")
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().get("/stats", headers={"Authorization": "Bearer A-z_0.9~+/=!"})
+    assert response.status_code == 200
+
+
+async def test_405_says_which_methods_the_path_allows(client: Any) -> None:
+    for method, path, allowed in [
+        ("PUT", "/jobs", "POST"),
+        ("DELETE", "/stats", "GET, HEAD"),
+        ("POST", "/jobs/some-id", "DELETE, GET, HEAD"),
+        ("GET", "/jobs/some-id/retry", "POST"),
+    ]:
+        response = await client.open(path, method=method, headers=AUTH)
+        assert response.status_code == 405, (method, path)
+        assert response.headers["Allow"] == allowed, (method, path)
+        assert method in (await response.get_json())["error"]
+
+
+async def test_jobs_batch_is_no_job_id(client: Any, queue: trioq.Queue) -> None:
+    for method in ("GET", "DELETE"):
+        response = await client.open("/jobs/batch", method=method, headers=AUTH)
+        assert response.status_code == 405, method
+        assert response.headers["Allow"] == "POST"
+        assert "error" in await response.get_json()
+    assert (await client.post("/jobs/batch/retry", headers=AUTH)).status_code == 404
+    # Ids that merely start or end with "batch" are ids like any other.
+    for job_id in ("batchy", "a-batch"):
+        response = await client.get(f"/jobs/{job_id}", headers=AUTH)
+        assert response.status_code == 404 and job_id in (await response.get_json())["error"]
+
+    # Mounted in a host app, too (the host's own 405 page, with Allow).
+    app = QuartTrio("host")
+    app.register_blueprint(blueprint(queue), url_prefix="/q")
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().get("/q/jobs/batch")
+    assert response.status_code == 405 and "POST" in response.headers["Allow"]
+
+
+async def test_a_lone_surrogate_in_a_key_is_400_naming_the_key(client: Any) -> None:
+    raw = b'{"task": "echo", "key": "k\\udcff"}'  # valid JSON, but no store can hold the string
+    response = await client.post("/jobs", data=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 400, await response.get_data()
+    assert (await response.get_json())["field"] == "key"
+
+
+class Broken(RuntimeError):
+    pass
+
+
+async def _broken(*args: Any, **kwargs: Any) -> Any:
+    raise Broken("secret detail /srv/app/db.sqlite")
+
+
+def _broken_sync(*args: Any, **kwargs: Any) -> Any:
+    raise Broken("secret detail /srv/app/db.sqlite")
+
+
+def _assert_json_500(body: Any, caplog: pytest.LogCaptureFixture) -> None:
+    assert set(body) == {"error"} and "reference" in body["error"]
+    assert "secret" not in body["error"] and "Traceback" not in body["error"]
+    reference = body["error"].split("reference ")[1].split(")")[0]
+    records = [r for r in caplog.records if r.name == "trioq.http" and reference in r.getMessage()]
+    assert len(records) == 1, [r.getMessage() for r in caplog.records]
+    assert records[0].exc_info is not None and records[0].exc_info[0] is Broken
+
+
+async def test_an_unexpected_error_is_a_logged_json_500(
+    client: Any, queue: trioq.Queue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(queue, "stats", _broken)
+    monkeypatch.setattr(queue, "readiness", _broken_sync)
+    for path in ("/stats", "/metrics", "/readyz"):
+        response = await client.get(path, headers=AUTH)
+        assert response.status_code == 500, path
+        assert response.content_type == "application/json"
+        _assert_json_500(await response.get_json(), caplog)
+    # A trioq error that is no refusal (here the fault plan's crash) is a bug to the client, not a 503.
+    monkeypatch.setattr(queue, "get", lambda job_id: _raise(trioq.SimulatedCrash("injected")))
+    response = await client.get("/jobs/x", headers=AUTH)
+    assert response.status_code == 500 and "Retry-After" not in response.headers
+
+
+async def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+async def test_an_error_past_the_routes_is_a_json_500_too(queue: trioq.Queue, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(queue)
+
+    @app.get("/added-by-the-user")
+    async def added() -> str:
+        raise Broken("secret")
+
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().get("/added-by-the-user")
+    assert response.status_code == 500 and response.content_type == "application/json"
+    _assert_json_500(await response.get_json(), caplog)
+
+
+async def test_the_blueprint_answers_json_500_in_a_host_app(
+    queue: trioq.Queue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = QuartTrio("host")  # no error handlers of ours here
+    app.register_blueprint(blueprint(queue, token=TOKEN), url_prefix="/queue")
+    monkeypatch.setattr(queue, "get", _broken)
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().get("/queue/jobs/x", headers=AUTH)
+    assert response.status_code == 500 and response.content_type == "application/json"
+    _assert_json_500(await response.get_json(), caplog)

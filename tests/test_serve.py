@@ -2,7 +2,9 @@
 
 One shared server (WAL, token, ``--max-ready 20``) answers the HTTP tests and
 the load generator; the SIGTERM test starts its own on a WAL of its own,
-stops it and restarts it on the same directory.
+stops it and restarts it on the same directory. The connection tests run
+``trioq serve``'s app and hypercorn settings in-process instead (a small
+``max_body``, a short keep-alive) and speak raw HTTP/1.1 over a socket.
 """
 
 from __future__ import annotations
@@ -12,22 +14,33 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
+
+import trioq
+from trioq._serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
+from trioq.cli import main
+from trioq.http import create_app
+
+from .apps import make_registry
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_READY = 20
-SERVING = re.compile(r"trioq serving on (http://127\.0\.0\.1:\d+)")
+SERVING = re.compile(r"trioq serving on (http://127\.0\.0\.1:\d+).*\n")
 
 
 class Server:
@@ -39,6 +52,7 @@ class Server:
         command = [sys.executable, "-m", "trioq.cli", "serve", "--wal", str(wal), "--host", "127.0.0.1"]
         command += ["--port", "0", "--token", TOKEN, "--heartbeat-timeout", "1", *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, env=_env())
+        self.banner = ""
         self.url = self._wait_for_url(timeout=15)
 
     def _wait_for_url(self, timeout: float) -> str:
@@ -56,6 +70,7 @@ class Server:
                         break
                     buffer += chunk
                     if match := SERVING.search(buffer.decode(errors="replace")):
+                        self.banner = match.group(0).strip()
                         return match.group(1)
         self.kill()
         pytest.fail(f"server did not start; stdout {buffer!r}; stderr {self.stderr_text()!r}")
@@ -114,7 +129,8 @@ def _wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: fl
         time.sleep(0.02)
 
 
-def test_submit_and_poll_until_succeeded(client: httpx.Client) -> None:
+def test_submit_and_poll_until_succeeded(server: Server, client: httpx.Client) -> None:
+    assert server.banner.endswith(f"; {AUTH_ON}"), server.banner
     response = client.post("/jobs", json={"task": "sim", "payload": {"work_ms": 20}})
     assert response.status_code == 202, response.text
     body = response.json()
@@ -144,22 +160,20 @@ def test_bad_inputs(server: Server, client: httpx.Client) -> None:
     response = client.post("/jobs", json={"task": "no-such-task"})
     assert response.status_code == 400 and response.json()["field"] == "task"
 
-    # A fresh connection per request for every answer given before the body is
-    # read (401, 413): quart-trio under hypercorn may leave such a keep-alive
-    # connection hanging (neither closed nor served); see the report.
-    fresh = httpx.Limits(max_keepalive_connections=0)
-    with httpx.Client(base_url=server.url, timeout=5.0, limits=fresh) as anonymous:
+    # 401 and 413 close the connection (the body is not read); the client reconnects.
+    with httpx.Client(base_url=server.url, timeout=5.0) as anonymous:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             response = anonymous.post("/jobs", json={"task": "sim"}, headers=headers)
             assert response.status_code == 401, headers
             assert response.headers["WWW-Authenticate"] == "Bearer"
+            assert response.headers["Connection"] == "close"
         assert anonymous.get("/stats").status_code == 401
         assert anonymous.get("/healthz").status_code == 200  # health needs no token
 
     huge = b'{"task": "sim", "payload": {"pad": "' + b"x" * (1024 * 1024) + b'"}}'
-    with httpx.Client(base_url=server.url, headers=json_headers, timeout=5.0, limits=fresh) as once:
-        response = once.post("/jobs", content=huge)
+    response = client.post("/jobs", content=huge, headers=json_headers)
     assert response.status_code == 413 and "over 1048576 bytes" in response.json()["error"]
+    assert response.headers["Connection"] == "close"
 
     assert client.get("/stats").json()["totals"]["enqueued"] == before  # nothing half-accepted
 
@@ -254,3 +268,168 @@ def test_serve_adds_the_builtin_tasks_to_a_users_registry(tmp_path: Path, monkey
     for bad, message in [("myapp", "module:registry"), ("nope:registry", "nope"), ("myapp:not_a_registry", "int")]:
         with pytest.raises(SystemExit, match=message):
             load_registry(bad)
+
+
+# ------------------------------------------------------------- the token
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "said"),
+    [
+        (["--token", ""], None, "--token is empty"),  # the README's --token "$TOKEN" with TOKEN unset
+        (["--token", " \t"], None, "--token is only whitespace"),
+        ([], "", "TRIOQ_TOKEN is empty"),
+        ([], "  ", "TRIOQ_TOKEN is only whitespace"),
+        (["--token", "pässword"], None, "--token holds 'ä'"),
+        (["--token", ""], "good-token", "--token is empty"),  # not quietly replaced by the environment's
+    ],
+)
+def test_serve_refuses_an_unusable_token(
+    argv: list[str], env: str | None, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served: list[Any] = []
+
+    async def record(args: Any) -> None:  # stands in for the server: the test must never block
+        served.append(args)
+
+    monkeypatch.setattr("trioq._serve.serve", record)
+    if env is None:
+        monkeypatch.delenv("TRIOQ_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("TRIOQ_TOKEN", env)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--memory", "--port", "0", *argv])
+    assert exited.value.code == 2 and not served
+    error = capsys.readouterr().err
+    assert said in error and "omit --token and unset TRIOQ_TOKEN" in error, error
+
+
+def test_serve_takes_the_token_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[Any] = []
+
+    async def record(args: Any) -> None:
+        served.append(args.token)
+
+    monkeypatch.setattr("trioq._serve.serve", record)
+    monkeypatch.delenv("TRIOQ_TOKEN", raising=False)
+    assert main(["serve", "--memory"]) == 0
+    assert main(["serve", "--memory", "--token", "from-flag"]) == 0
+    monkeypatch.setenv("TRIOQ_TOKEN", "from-env")
+    assert main(["serve", "--memory"]) == 0
+    assert main(["serve", "--memory", "--token", "from-flag"]) == 0
+    assert served == [None, "from-flag", "from-env", "from-flag"]
+
+
+async def test_the_startup_line_says_whether_auth_is_on(capsys: pytest.CaptureFixture[str]) -> None:
+    from trioq.cli import _parser
+
+    for token, said in [(None, AUTH_OFF), ("t0ken", AUTH_ON)]:
+        args = _parser().parse_args(["serve", "--memory", "--host", "127.0.0.1", "--port", "0"])
+        args.token = token
+        out = ""
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve, args)
+                while "trioq serving on" not in out:
+                    await trio.sleep(0.01)
+                    out += capsys.readouterr().out
+                nursery.cancel_scope.cancel()
+        line = next(line for line in out.splitlines() if line.startswith("trioq serving on"))
+        assert line.endswith(f"; {said}"), line
+
+
+# ------------------------------------------------- connections that end
+
+
+@asynccontextmanager
+async def live_app(*, token: str | None = None, max_body: int = 1024) -> AsyncIterator[int]:
+    """``create_app`` on a queue, under hypercorn with ``trioq serve``'s settings on 127.0.0.1; yields the port.
+
+    Keep-alive is 0.5 s, so an idle connection must be closed well within the tests' 2 s.
+    """
+    from hypercorn.trio import serve as hypercorn_serve
+
+    async with trioq.open_queue(make_registry(), workers=0) as queue:
+        config = hypercorn_config("127.0.0.1:0")
+        config.keep_alive_timeout = 0.5
+        config.graceful_timeout = 0.1
+        app = create_app(queue, token=token, max_body=max_body)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
+            try:
+                yield int(binds[0].rsplit(":", 1)[1])
+            finally:
+                stop.set()
+
+
+async def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
+    """Send ``data`` on a new connection and read until the server closes it, for at most 2 s.
+
+    Returns what came back, and whether the server closed the connection in that time.
+    """
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        received = b""
+        with trio.move_on_after(2.0) as waiting:
+            try:
+                await stream.send_all(data)
+                while chunk := await stream.receive_some(65536):
+                    received += chunk
+            except trio.BrokenResourceError:  # a reset: closed, and whatever was lost shows below
+                pass
+    return received, not waiting.cancelled_caught
+
+
+def _head(received: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    """The status line and the (lowercased) headers of the first response in ``received``."""
+    status, *lines = received.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+    return status, {name.lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)}
+
+
+async def test_answers_that_end_the_connection_close_it() -> None:
+    # 413 and 401 leave the request body unread, so the connection cannot carry another request:
+    # the answer says "Connection: close" and the socket is closed at once, never left hanging
+    # (a client that sends its next request after reading the answer finds the connection closed,
+    # and opens another). No request is pipelined behind a refused body: hypercorn 0.18 then fails
+    # h11's "data after the close" check and closes the socket from its reading task while the answer
+    # is being written (TCPServer._close takes no send lock), so the answer may be lost.
+    auth = b"Authorization: Bearer t0ken\r\n"
+    post = b"POST /jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    piece = b'{"task": "echo", "payload": {"text": "' + b"x" * 1000
+    chunked = post + auth + b"Transfer-Encoding: chunked\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(piece), piece)) * 4
+    ping = b"GET /healthz HTTP/1.1\r\nHost: t\r\n"
+    cases = [
+        ("chunked, over max_body", chunked + b"0\r\n\r\n", b"413", True),
+        ("chunked, over max_body, the rest still to come", chunked, b"413", True),
+        ("Content-Length over max_body, body sent", post + b"Content-Length: 4000\r\n\r\n" + b"x" * 4000, b"413", True),
+        ("Content-Length over max_body, body not sent", post + b"Content-Length: 4000\r\n\r\n", b"413", True),
+        ("no token", post + b"Content-Length: 2\r\n\r\n{}", b"401", True),
+        ("the client asks to close", ping + b"Connection: close\r\n\r\n", b"200", False),
+        ("idle past keep-alive", ping + b"\r\n", b"200", False),
+    ]
+    with trio.fail_after(30):
+        async with live_app(token="t0ken") as port:
+            for name, data, status, says_close in cases:
+                received, closed = await _exchange(port, data)
+                line, headers = _head(received)
+                assert line.startswith(b"HTTP/1.1 " + status), (name, received[:300])
+                assert closed, f"{name}: the server kept the connection open"
+                assert received.count(b"HTTP/1.1 ") == 1, (name, received)
+                if says_close:
+                    assert headers.get(b"connection") == b"close", (name, headers)
+
+
+def test_trioq_serve_closes_the_connection_after_a_413(server: Server) -> None:
+    # The real command, too: an over-long Content-Length is refused before the body is sent.
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.settimeout(2.0)
+        sock.sendall(b"POST /jobs HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000\r\n\r\n")
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pytest.fail(f"trioq serve kept the connection open after {received[:200]!r}")
+    assert received.startswith(b"HTTP/1.1 413"), received[:200]

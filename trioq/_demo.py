@@ -37,7 +37,10 @@ def _start_server(directory: str, port: int) -> subprocess.Popen[bytes]:
         sys.executable, "-m", "trioq.cli", "serve", "--wal", directory, "--port", str(port),
         "--workers", "64", "--heartbeat-timeout", "0.5", "--shutdown-grace", "1",
     ]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its own server, on loopback, without a token: not the caller's TRIOQ_TOKEN
+    # (the demo's client sends none; an empty one would be refused).
+    env = {name: value for name, value in os.environ.items() if name != "TRIOQ_TOKEN"}
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
 async def _wait_healthy(client: httpx.AsyncClient, timeout: float) -> None:

@@ -8,10 +8,11 @@ below that prefix.
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 from typing import Any, Final
 
-from ._model import JobState
+from ._model import INT_MAX, INT_MIN, MAX_NAME_BYTES, JobState
 
 __all__ = ["openapi_spec"]
 
@@ -40,6 +41,13 @@ _WORKERS: Final = (
     "abandoned_threads",
     "abandoned_threads_total",
 )
+
+
+#: What the stores hold as a task name or key (trioq._model.name_problem): not empty, at most
+#: MAX_NAME_BYTES of UTF-8, no NUL. The byte limit is a character limit here (JSON Schema counts
+#: characters), exact for ASCII; lone surrogates have no portable pattern (ECMA-262 regexes see
+#: UTF-16 code units) and are left to the 400.
+_NAME: Final = {"minLength": 1, "maxLength": MAX_NAME_BYTES, "pattern": r"^[^\u0000]*$"}
 
 
 def _schema(name: str) -> dict[str, Any]:
@@ -71,29 +79,44 @@ def _schemas() -> dict[str, Any]:
         "required": ["task"],
         "additionalProperties": False,
         "properties": {
-            "task": {"type": "string", "description": "A task name in the queue's registry (else 400)."},
+            "task": {
+                "type": "string",
+                **_NAME,
+                "description": "A task name in the queue's registry (else 400).",
+            },
             "payload": {
                 "type": ["object", "null"],
-                "description": "Keyword arguments of the task's handler; absent or null means {}.",
+                "description": (
+                    "Keyword arguments of the task's handler; absent or null means {}. Checked at enqueue time"
+                    " against the handler (400): JSON that the stores hold (64-bit integers, no lone surrogates)."
+                ),
             },
             "delay": {
                 "type": "number",
                 "minimum": 0,
+                "maximum": sys.float_info.max,
                 "default": 0,
                 "description": "Seconds to wait before the job may run (a finite number >= 0).",
             },
             "priority": {
                 "type": ["integer", "null"],
-                "description": "Higher runs first; absent or null means the task's priority.",
+                "minimum": INT_MIN,
+                "maximum": INT_MAX,
+                "description": "Higher runs first; absent or null means the task's priority (a 64-bit integer).",
             },
             "key": {
                 "type": ["string", "null"],
-                "minLength": 1,
-                "description": "Idempotency key: a retained job with this key is returned instead of a new one.",
+                **_NAME,
+                "description": (
+                    "Idempotency key: a retained job with this key is returned instead of a new one. At most"
+                    f" {MAX_NAME_BYTES} bytes of UTF-8 (so at most {MAX_NAME_BYTES} characters), without NUL or"
+                    " lone surrogates (else 400)."
+                ),
             },
             "max_attempts": {
                 "type": ["integer", "null"],
                 "minimum": 1,
+                "maximum": INT_MAX,
                 "description": "Attempts before the job is dead; absent or null means the task's.",
             },
         },
@@ -125,9 +148,9 @@ def _schemas() -> dict[str, Any]:
             "state": _schema("JobState"),
             "attempts": {"type": "integer", "minimum": 0},
             "epoch": {"type": "integer", "minimum": 0},
-            "priority": {"type": "integer"},
+            "priority": {"type": "integer", "minimum": INT_MIN, "maximum": INT_MAX},
             "key": {"type": ["string", "null"]},
-            "max_attempts": {"type": "integer", "minimum": 1},
+            "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT_MAX},
             "run_at": {"type": "number"},
             "created_at": {"type": "number"},
             "finished_at": {"type": ["number", "null"]},
@@ -215,10 +238,31 @@ def _responses() -> dict[str, Any]:
         "Unauthorized": _json_body(
             "A token is set and the request lacks `Authorization: Bearer <token>` with it.",
             _schema("Error"),
-            headers={"WWW-Authenticate": {"required": True, "schema": {"const": "Bearer"}}},
+            headers={
+                "WWW-Authenticate": {"required": True, "schema": {"const": "Bearer"}},
+                "Connection": {"required": True, "schema": {"const": "close"}},
+            },
         ),
         "NotFound": _json_body("No job with that id (never was, or evicted after retention).", _schema("Error")),
-        "PayloadTooLarge": _json_body("The request body is over `max_body` bytes.", _schema("Error")),
+        "PayloadTooLarge": _json_body(
+            "The request body is over `max_body` bytes; the connection is closed.",
+            _schema("Error"),
+            headers={"Connection": {"required": True, "schema": {"const": "close"}}},
+        ),
+        "RequestTimeout": _json_body(
+            "The request body did not arrive within the server's body timeout; the connection is closed.",
+            _schema("Error"),
+            headers={"Connection": {"required": True, "schema": {"const": "close"}}},
+        ),
+        "BatchIsNoJob": _json_body(
+            "The job_id is `batch`: /jobs/batch is the batch route, which takes POST only (`Allow: POST`).",
+            _schema("Error"),
+            headers={"Allow": {"required": True, "schema": {"const": "POST"}}},
+        ),
+        "InternalError": _json_body(
+            "A bug: logged with its traceback by the server (logger trioq.http); `error` holds a reference to it.",
+            _schema("Error"),
+        ),
         "Unavailable": _json_body(
             "The queue is full (`max_ready` jobs waiting) or shutting down; nothing was added.",
             _schema("Error"),
@@ -247,16 +291,19 @@ def _operation(
                 "in": "path",
                 "required": True,
                 "description": "The job's id, as returned when it was enqueued.",
-                "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
+                # /jobs/batch is the batch route, so "batch" is no job id (a 405 for GET and DELETE).
+                "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$", "not": {"const": "batch"}},
             }
         ]
+    codes = dict(responses)
     if request is not None:
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _schema(request)}}}
-    codes = dict(responses)
+        codes["408"] = _response("RequestTimeout")
     if not open_route:
         codes["401"] = _response("Unauthorized")
     # The size guard runs before routing to any handler, so even a GET with a large body gets 413.
     codes["413"] = _response("PayloadTooLarge")
+    codes["500"] = _response("InternalError")
     operation["responses"] = dict(sorted(codes.items()))
     return operation
 
@@ -345,14 +392,14 @@ def _paths() -> dict[str, Any]:
             "get": _operation(
                 "getJob",
                 "The job's current snapshot.",
-                {"200": job, "404": _response("NotFound")},
+                {"200": job, "404": _response("NotFound"), "405": _response("BatchIsNoJob")},
                 tag="jobs",
                 job_id=True,
             ),
             "delete": _operation(
                 "cancelJob",
                 "Cancel the job unless it finished (a running attempt is stopped); a finished job is returned as is.",
-                {"200": job, "404": _response("NotFound")},
+                {"200": job, "404": _response("NotFound"), "405": _response("BatchIsNoJob")},
                 tag="jobs",
                 job_id=True,
             ),

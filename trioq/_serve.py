@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -16,7 +16,14 @@ from ._registry import Registry
 from ._runtime import open_queue
 from .stores import MemoryStore, WALStore
 
+if TYPE_CHECKING:
+    from hypercorn.config import Config
+
 __all__ = ["load_registry", "serve"]
+
+#: What the startup line says about authentication.
+AUTH_ON = "auth: bearer token"
+AUTH_OFF = "auth: OFF (no --token or TRIOQ_TOKEN)"
 
 
 def load_registry(spec: str | None) -> Registry:
@@ -52,16 +59,32 @@ async def _stop_on_signal(stop: trio.Event, *, task_status: trio.TaskStatus[None
             return
 
 
-async def serve(args: Any) -> None:
-    """Serve until SIGTERM/SIGINT: stop accepting, drain up to the grace, release, exit."""
+def hypercorn_config(bind: str) -> Config:
+    """The hypercorn settings of ``trioq serve``, bound to ``bind`` (``host:port``)."""
     from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    return config
+
+
+async def serve(args: Any) -> None:
+    """Serve until SIGTERM/SIGINT: stop accepting, drain up to the grace, release, exit.
+
+    ``args`` is ``trioq serve``'s parsed command line, with ``args.token``
+    already resolved by :func:`trioq.cli.main` (``--token``, else
+    ``TRIOQ_TOKEN``; ``None`` serves without authentication). The environment
+    is not read here. The startup line says whether authentication is on.
+    """
     from hypercorn.trio import serve as hypercorn_serve
 
     from .http import create_app
 
+    token: str | None = args.token
     registry = load_registry(args.app)
     store = MemoryStore() if args.memory else WALStore(args.wal, fsync=args.fsync)
-    token = args.token or os.environ.get("TRIOQ_TOKEN") or None
     stop = trio.Event()
     async with open_queue(
         registry,
@@ -70,16 +93,15 @@ async def serve(args: Any) -> None:
         heartbeat_timeout=args.heartbeat_timeout,
         max_ready=args.max_ready,
         shutdown_grace=args.shutdown_grace,
+        precise_timers=True,  # a service owns its trio run: deadlines wake on time
     ) as queue:
         app = create_app(queue, token=token)
-        config = Config()
-        config.bind = [f"{args.host}:{args.port}"]
-        config.accesslog = None
-        config.graceful_timeout = 1.0
+        config = hypercorn_config(f"{args.host}:{args.port}")
         async with trio.open_nursery() as nursery:
             await nursery.start(_stop_on_signal, stop)
             binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
             recovered = getattr(store, "recovery", None)
             extra = f", recovered {recovered.records} log records" if recovered is not None else ""
-            print(f"trioq serving on {binds[0]} ({len(registry)} tasks{extra})", flush=True)
+            auth = AUTH_OFF if token is None else AUTH_ON
+            print(f"trioq serving on {binds[0]} ({len(registry)} tasks{extra}); {auth}", flush=True)
         print("trioq: stopped accepting; draining", flush=True)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 import trio
 
@@ -28,11 +31,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=16)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--token", help="bearer token required by every route but health (or env TRIOQ_TOKEN)")
+    serve.add_argument(
+        "--token",
+        help="bearer token required by every route but health and /openapi.json (default: env TRIOQ_TOKEN;"
+        " printable ASCII, no spaces; with neither set, no authentication)",
+    )
     serve.add_argument("--max-ready", type=_positive_int, default=None)
     serve.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
     serve.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
     serve.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
+    serve.set_defaults(usage_error=serve.error)
 
     load = commands.add_parser("loadgen", help="drive a running server with simulated jobs; print one JSON line")
     load.add_argument("--url", required=True)
@@ -56,9 +64,40 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _serve_token(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> str | None:
+    """The bearer token of ``trioq serve``: ``--token``, else ``TRIOQ_TOKEN``, else ``None`` (no auth).
+
+    A token that is given but empty, blank or not printable ASCII (see
+    ``trioq.http._token_problem``) is an ``error`` (exit status 2, as for
+    any bad argument), never "no authentication": ``--token "$TOKEN"`` with
+    TOKEN unset, or ``TRIOQ_TOKEN=""``, must not serve an open API.
+    """
+    given: str | None = args.token
+    if given is not None:
+        source, token = "--token", given
+    elif (from_env := os.environ.get("TRIOQ_TOKEN")) is not None:
+        source, token = "TRIOQ_TOKEN", from_env
+    else:
+        return None
+    from .http import _token_problem
+
+    problem = _token_problem(token)
+    if problem is not None:
+        error(
+            f"{source} {problem}. Give a real token (secrets.token_urlsafe() makes one) or, to serve"
+            " without authentication, omit --token and unset TRIOQ_TOKEN"
+        )
+    return token
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``trioq`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Bad arguments, a bad token for ``serve`` included, exit with status 2.
+    """
     args = _parser().parse_args(argv)
     if args.command == "serve":
+        args.token = _serve_token(args, args.usage_error)
         from ._serve import serve
 
         trio.run(serve, args)
