@@ -4,6 +4,8 @@ attempt; only a real signal to this process stops the queue."""
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import os
 import re
 import selectors
@@ -12,7 +14,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +242,151 @@ async def test_a_shutdown_cancel_wrapped_in_a_handlers_nursery_still_releases_th
     async with trioq.open_queue(registry, store=queue.store, workers=0) as reopened:
         back = await reopened.get(job.id)
     assert (back.state, back.attempts) == (JobState.READY, 0)
+
+
+# ------------------------------------------------ real signals, in this process
+
+
+@pytest.fixture
+def sigterm() -> Iterator[Callable[[Any], None]]:
+    """Installs a SIGTERM handler for the test (``sigterm(handler)``), and puts the old one back."""
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        yield lambda handler: signal.signal(signal.SIGTERM, handler)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _exit_on_signal(code: int, signum: int, frame: Any) -> None:
+    sys.exit(code)
+
+
+class _ExitOnSignal:
+    def __call__(self, signum: int, frame: Any) -> None:
+        raise SystemExit(143)
+
+
+def _signalled_registry(after: Callable[[], None] | None = None) -> trioq.Registry:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=3, backoff=NO_WAIT)
+    async def signalled(ctx: trioq.JobContext) -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)  # a real signal to this process, landing here
+        finally:
+            if after is not None:
+                after()
+
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("handler", "raised"),
+    [
+        (functools.partial(_exit_on_signal, 143), SystemExit),
+        (_ExitOnSignal(), SystemExit),
+        (signal.default_int_handler, KeyboardInterrupt),  # SIGTERM routed to Ctrl-C's C handler
+    ],
+    ids=["partial", "callable-object", "default_int_handler"],
+)
+async def test_a_real_signal_stops_the_queue_whatever_its_handler_is(
+    sigterm: Callable[[Any], None], handler: Any, raised: type[BaseException], autojump_clock: trio.testing.MockClock
+) -> None:
+    sigterm(handler)
+    store = trioq.MemoryStore()
+    with pytest.raises(raised):
+        async with trioq.open_queue(_signalled_registry(), store=store, workers=1) as queue:
+            job = await queue.enqueue("signalled")
+            await trio.sleep(10)
+    async with trioq.open_queue(trioq.Registry(), store=store, workers=0) as queue:
+        back = await queue.get(job.id)
+    assert (back.state, back.attempts) == (JobState.READY, 0)  # cut off by the signal: not counted
+
+
+async def test_a_signal_behind_a_failing_cleanup_still_stops_the_queue(
+    sigterm: Callable[[Any], None], autojump_clock: trio.testing.MockClock
+) -> None:
+    def cleanup_fails() -> None:
+        raise RuntimeError("cleanup failed")
+
+    sigterm(signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt):
+        async with trioq.open_queue(_signalled_registry(cleanup_fails), workers=1) as queue:
+            await queue.enqueue("signalled")
+            await trio.sleep(10)
+
+
+async def test_a_job_calling_the_programs_signal_handler_itself_fails_its_attempt(
+    sigterm: Callable[[Any], None], autojump_clock: trio.testing.MockClock
+) -> None:
+    # Shared "give up" code: the job calls the handler function; no signal arrived.
+    def give_up(signum: int, frame: Any) -> None:
+        sys.exit(3)
+
+    sigterm(give_up)
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def gives_up(ctx: trioq.JobContext) -> None:
+        give_up(signal.SIGTERM, None)
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        done = await queue.wait((await queue.enqueue("gives_up")).id)
+    assert done.state is JobState.DEAD and done.error is not None and done.error.startswith("SystemExit")
+
+
+async def test_an_exit_in_a_handlers_own_nursery_says_what_happened(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def fans_out(ctx: trioq.JobContext) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            nursery.start_soon(_async_exit)
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        done = await queue.wait((await queue.enqueue("fans_out")).id)
+    assert done.error is not None and done.error.startswith("SystemExit: the handler called sys.exit(4)")
+
+
+async def _async_exit() -> None:
+    sys.exit(4)
+
+
+async def test_a_failed_attempt_keeps_nothing_alive(autojump_clock: trio.testing.MockClock) -> None:
+    # The worker once kept the handler's exception in a local of its frame: a
+    # cycle through the traceback that held every failed attempt's frames (and
+    # the handler's locals) until the cyclic GC ran.
+    registry = trioq.Registry()
+    raised: list[weakref.ref[object]] = []
+
+    def tracked(exc: BaseException) -> BaseException:
+        raised.append(weakref.ref(exc))
+        return exc
+
+    @registry.task(max_attempts=1)
+    async def fails(ctx: trioq.JobContext, how: str) -> None:
+        held = _Held()  # a local of the handler's frame, which the traceback holds
+        raised.append(weakref.ref(held))
+        raise tracked(_TrackedError("no") if how == "error" else _TrackedExit(1))
+
+    gc.disable()
+    try:
+        async with trioq.open_queue(registry, workers=2) as queue:
+            for how in ("error", "exit"):
+                await queue.wait((await queue.enqueue("fails", {"how": how})).id)
+        assert len(raised) == 4 and [ref() for ref in raised] == [None] * 4
+    finally:
+        gc.enable()
+
+
+class _TrackedError(ValueError):
+    """A ValueError that can be weakly referenced."""
+
+
+class _TrackedExit(SystemExit):
+    """A SystemExit that can be weakly referenced."""
+
+
+class _Held:
+    """Something a handler holds."""

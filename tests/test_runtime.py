@@ -767,6 +767,7 @@ async def test_wait_takes_an_infinite_timeout_and_refuses_bad_ones(autojump_cloc
         job = await queue.enqueue("nap")
         assert (await queue.wait(job.id, timeout=math.inf)).result == "up"
         assert (await queue.wait(job.id, timeout=0)).result == "up"
+        assert (await queue.wait(job.id, timeout=10**400)).result == "up"  # beyond any float: no limit
         for bad in (-1, math.nan, "1", True):
             with pytest.raises(trioq.InvalidJob) as excinfo:
                 await queue.wait(job.id, timeout=bad)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ._exits import without_cancelled
 from ._model import (
     INT_MAX,
     INT_MIN,
@@ -32,7 +33,7 @@ from ._model import (
 )
 from ._registry import Registry
 from ._wakeups import precise_wakeups
-from ._worker import Totals, WorkerPool, _without_cancelled
+from ._worker import Totals, WorkerPool
 from .stores._base import NewJob, Store, StoreConfig
 from .stores.memory import MemoryStore
 
@@ -262,8 +263,11 @@ class Queue:
             deadline = math.inf
         else:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-                raise InvalidJob(f"timeout must be a number >= 0 or None, got {timeout!r}", field="timeout")
-            deadline = trio.current_time() + timeout
+                raise InvalidJob(f"timeout must be a number >= 0 or None, got {timeout!r:.40}", field="timeout")
+            try:
+                deadline = trio.current_time() + timeout
+            except OverflowError:  # an int beyond any float: no limit
+                deadline = math.inf
         await trio.lowlevel.checkpoint()
         # Watch before reading the job: an outcome that lands while the store
         # call is in flight must still reach us.
@@ -467,8 +471,10 @@ def _primary(group: BaseExceptionGroup[BaseException], body: BaseException | Non
         assert body is not None
         if not isinstance(body, BaseExceptionGroup) or body.subgroup(trio.Cancelled) is None:
             return body
-        return _without_cancelled(body) or leaves[0]
-    causes = {id(exc.__cause__) for exc in leaves if exc.__cause__ is not None}
+        return without_cancelled(body) or leaves[0]
+    # Only copies give way (the same type): a different error raised from a
+    # Ctrl-C must not hide the Ctrl-C.
+    causes = {id(exc.__cause__) for exc in leaves if type(exc.__cause__) is type(exc)}
     leaves = [exc for exc in leaves if id(exc) not in causes] or leaves
     primary = min(leaves, key=lambda exc: _rank(exc, from_body))
     others = [exc for exc in leaves if exc is not primary]
@@ -572,8 +578,8 @@ async def open_queue(
                 yield queue
                 graceful = True
             except BaseException as exc:
-                body_error = None if _without_cancelled(exc) is None else exc
-                if queue._faults is not None and queue._crash is None and _without_cancelled(exc) is not None:
+                body_error = None if without_cancelled(exc) is None else exc
+                if queue._faults is not None and queue._crash is None and without_cancelled(exc) is not None:
                     # The body failed first: a crash point reached while the
                     # queue shuts down must not hide that failure.
                     queue._faults.arm_crash(None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import random
-import signal
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ import trio
 
 from ._context import Attempt, JobContext
 from ._executors import ProcessRunner, ThreadRunner
+from ._exits import DEADLINE, attempt_error, without_cancelled
 from ._model import Backoff, InvalidJob, Job, JobState, check_json, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
@@ -75,66 +75,7 @@ class _Worker:
 #: A worker checkpoints after this many jobs in a row (see _serve).
 _JOBS_PER_CHECKPOINT = 4
 
-#: The error marker for "the worker's scope stopped the handler" (deadline or cancel).
-_DEADLINE = "<deadline>"
 _JSON_SCALARS = (type(None), bool, int, str)
-
-
-def _without_cancelled(exc: BaseException) -> BaseException | None:
-    """``exc`` with every ``trio.Cancelled`` taken out, or ``None`` if nothing else is left."""
-    if isinstance(exc, trio.Cancelled):
-        return None
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)[1]
-    return exc
-
-
-def raised_by_signal(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception in it, for a group) was raised by a Python signal handler.
-
-    That is how a real signal reaches code: trio's SIGINT handler raises
-    ``KeyboardInterrupt`` in whatever code runs when the signal lands (a
-    handler's own, too), and a program's own handler may raise
-    ``SystemExit``. The frame of a handler installed now (``signal.getsignal``)
-    is then in the traceback; a handler's own ``raise``, ``sys.exit()`` or
-    argparse error has none. Threads and trio-parallel's worker processes
-    never run signal handlers, so their exits are always their own.
-    """
-    codes = set()
-    for signum in signal.valid_signals():
-        try:
-            installed = signal.getsignal(signum)
-        except (OSError, ValueError):  # a signal number this platform cannot query
-            continue
-        code = getattr(getattr(installed, "__func__", installed), "__code__", None)
-        if code is not None:
-            codes.add(code)
-    if not codes:
-        return False
-    pending = [exc]
-    while pending:
-        current = pending.pop()
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-            continue
-        tb = current.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code in codes:
-                return True
-            tb = tb.tb_next
-    return False
-
-
-def exit_error_text(exc: BaseException) -> str:
-    """The error recorded for a handler that raised ``SystemExit``, ``KeyboardInterrupt`` or
-    another ``BaseException`` of its own (not from a signal): its attempt fails, counted."""
-    if isinstance(exc, SystemExit):
-        # From args, not .code: one unpickled from a worker process has no code.
-        code = exc.args[0] if len(exc.args) == 1 else exc.args or None
-        return error_text(exc, f"the handler called sys.exit({code!r}) (or raised SystemExit); its attempt failed")
-    if isinstance(exc, KeyboardInterrupt):
-        return error_text(exc, "the handler raised KeyboardInterrupt itself (no signal arrived); its attempt failed")
-    return error_text(exc)
 
 
 class WorkerPool:
@@ -169,6 +110,9 @@ class WorkerPool:
         self._ready_generation = 0
         self._stopping = False
         self._attempts: dict[str, Attempt] = {}  # by job id, while the handler runs
+        # Attempts whose job runs again while their body still does (cancelled,
+        # shielded, then retried): no longer the job's, still the watcher's.
+        self._lingering: set[Attempt] = set()
         # (job id, epoch) of jobs cancelled after their claim, before their
         # attempt started (waiting for a CPU, or for a fault plan's numbering).
         self._cancelled_claims: set[tuple[str, int]] = set()
@@ -265,7 +209,7 @@ class WorkerPool:
         return self._healthy
 
     def stats(self) -> dict[str, int]:
-        busy = sum(1 for attempt in self._attempts.values() if not attempt.worker.stuck)
+        busy = sum(1 for attempt in self._live() if not attempt.worker.stuck)
         return {
             "configured": self.size,
             "busy": busy,
@@ -293,7 +237,7 @@ class WorkerPool:
             # may come wrapped in a group (a handler's own nursery). A real
             # signal propagates as it is: the session releases running jobs.
             job, attempt = me.job, me.attempt
-            if _without_cancelled(exc) is None and job is not None and (attempt is None or not attempt.ended):
+            if without_cancelled(exc) is None and job is not None and (attempt is None or not attempt.ended):
                 if attempt is not None:
                     attempt.ended = True
                 with trio.CancelScope(shield=True):
@@ -380,6 +324,9 @@ class WorkerPool:
             me.started = self._clock()
         attempt = Attempt(job, task, heartbeat_timeout, scope, me)
         me.attempt = attempt
+        previous = self._attempts.get(job.id)
+        if previous is not None:  # its body still runs: it stays watched
+            self._lingering.add(previous)
         self._attempts[job.id] = attempt
         if attempt.deadline != math.inf:
             scope.deadline = attempt.deadline
@@ -392,22 +339,17 @@ class WorkerPool:
                 return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload), None
             return await self._call(me, job, task, attempt), None
         except BaseException as exc:
-            rest = _without_cancelled(exc)
-            if rest is None:
-                if scope.cancel_called:
-                    return None, _DEADLINE
-                raise  # an outer cancel (shutdown): the worker gives the job back
-            if isinstance(rest, Exception):
-                return None, error_text(rest)
-            if raised_by_signal(rest):
-                raise  # a real signal to this process (Ctrl-C) stops the queue
-            return None, exit_error_text(rest)
+            # In a function of its own: a local here holding the exception
+            # would keep it, its traceback and this frame in a cycle.
+            return None, attempt_error(exc, scope.cancel_called)
         finally:
             attempt.in_handler = False
             if scope.deadline != math.inf:
                 scope.deadline = math.inf
             if self._attempts.get(job.id) is attempt:
                 del self._attempts[job.id]
+            elif self._lingering:
+                self._lingering.discard(attempt)
 
     async def _call(self, me: _Worker, job: Job, task: TaskDef, attempt: Attempt) -> Any:
         """Call the handler of ``task`` its own way (async, thread or process)."""
@@ -423,6 +365,7 @@ class WorkerPool:
         """Record the outcome of ``me``'s attempt under its epoch, unless already decided."""
         job, attempt, task = me.job, me.attempt, me.task
         assert job is not None
+        hung = False  # stopped by a missed heartbeat: runs again at once
         if self.observers and task is not None:
             now = self._clock()
             for observer in self.observers:
@@ -432,7 +375,8 @@ class WorkerPool:
                 if attempt.ended:
                     return  # the watcher or a cancel already decided it
                 attempt.ended = True
-                if error is _DEADLINE:
+                if error is DEADLINE:
+                    hung = attempt.missed_heartbeat
                     error = attempt.deadline_error()
                     if error.startswith("AttemptTimeout"):
                         self._totals.timed_out += 1
@@ -456,7 +400,6 @@ class WorkerPool:
                         self._totals.succeeded += 1
                         self._on_outcome(job.id, True)
             if error is not None:
-                hung = attempt is not None and attempt.missed_heartbeat and error.startswith("AttemptHung")
                 await self._fail(job, task, error, at_once=hung)
         finally:
             if self._cancelled_claims:
@@ -482,6 +425,12 @@ class WorkerPool:
         self._on_outcome(failed.id, failed.state is JobState.DEAD)
 
     # -------------------------------------------------------------- watcher
+
+    def _live(self) -> list[Attempt]:
+        """Every attempt whose handler runs and that is not declared stuck."""
+        if self._lingering:
+            return [*self._attempts.values(), *self._lingering]
+        return list(self._attempts.values())
 
     def _watch(self, deadline: float) -> None:
         """Make sure the watcher wakes by ``deadline + STUCK_GRACE``."""
@@ -509,12 +458,12 @@ class WorkerPool:
         """
         while True:
             now = trio.current_time()
-            overdue = [a for a in self._attempts.values() if now >= a.deadline + STUCK_GRACE]
+            overdue = [a for a in self._live() if now >= a.deadline + STUCK_GRACE]
             if overdue:
                 for attempt in overdue:
                     await self._declare_stuck(attempt)
                 continue
-            self._watch_at = min((a.deadline for a in self._attempts.values()), default=math.inf) + STUCK_GRACE
+            self._watch_at = min((a.deadline for a in self._live()), default=math.inf) + STUCK_GRACE
             with trio.CancelScope(deadline=self._watch_at) as self._watch_scope:
                 await trio.sleep_forever()
             self._watch_scope = None
@@ -527,9 +476,12 @@ class WorkerPool:
         bookkeeping is done before the store call, in one synchronous step.
         """
         job, worker = attempt.job, attempt.worker
-        if self._attempts.get(job.id) is not attempt:
+        if self._attempts.get(job.id) is attempt:
+            del self._attempts[job.id]
+        elif attempt in self._lingering:
+            self._lingering.remove(attempt)
+        else:
             return
-        del self._attempts[job.id]
         worker.stuck = True
         self._healthy -= 1
         self._stuck += 1
