@@ -433,3 +433,61 @@ async def test_a_hang_runs_again_at_once_and_a_timeout_after_its_backoff(
     assert starts["silent"][1] - starts["silent"][0] == pytest.approx(2.0, abs=1e-3)
     assert starts["shielded"][1] - starts["shielded"][0] == pytest.approx(2.0 + STUCK_GRACE, abs=1e-3)
     assert starts["slow"][1] - starts["slow"][0] == pytest.approx(2.0 + 30.0, abs=1e-3)
+
+
+async def test_a_cancelled_shielded_attempt_whose_job_runs_again_is_still_declared_stuck(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Live attempts are kept by job id: retrying the cancelled job let its new
+    # attempt take the old one's place, and the old body (still running,
+    # shielded) was never declared stuck: its slot was lost, counted as idle.
+    registry = trioq.Registry()
+    second_start = trio.Event()
+
+    @registry.task
+    async def shielded(ctx: trioq.JobContext) -> None:
+        if ctx.job.epoch == 1:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(100)
+        else:
+            second_start.set()
+
+    @registry.task
+    async def second(ctx: trioq.JobContext) -> None:
+        await trio.sleep(1.0)
+
+    async with trioq.open_queue(registry, workers=2) as queue:
+        job = await queue.enqueue("shielded")
+        await trio.sleep(1.0)
+        await queue.cancel(job.id)
+        await queue.retry(job.id)
+        await second_start.wait()
+        await trio.sleep(STUCK_GRACE + 1.0)
+        stats = (await queue.stats())["workers"]
+        assert (stats["unhealthy"], stats["replaced"], stats["healthy"]) == (1, 1, 2)
+        started = trio.current_time()
+        jobs = await queue.enqueue_many([JobSpec("second"), JobSpec("second")])
+        for each in jobs:
+            await queue.wait(each.id)
+        assert trio.current_time() - started == pytest.approx(1.0, abs=1e-3)  # two free workers, in parallel
+
+
+async def test_a_heartbeat_after_the_deadline_is_too_late(autojump_clock: trio.testing.MockClock) -> None:
+    registry = trioq.Registry()
+    starts: list[float] = []
+    late_beats: list[bool] = []
+
+    @registry.task(heartbeat_timeout=3.0, timeout=10.0, backoff=Backoff(base=60.0, jitter=0.0), max_attempts=2)
+    async def hangs(ctx: trioq.JobContext) -> None:
+        starts.append(trio.current_time())
+        if ctx.attempt == 1:
+            try:
+                await trio.sleep_forever()
+            finally:
+                late_beats.append(ctx.heartbeat())  # in the cleanup, past the heartbeat deadline
+
+    async with trioq.open_queue(registry, workers=1) as queue:
+        done = await queue.wait((await queue.enqueue("hangs")).id)
+    assert late_beats == [False]
+    assert done.state is JobState.SUCCEEDED and done.attempts == 2
+    assert starts[1] - starts[0] == pytest.approx(3.0, abs=1e-3)  # a hang: again at once, not after 60 s

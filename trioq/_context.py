@@ -59,11 +59,18 @@ class Attempt:
             self.scope.deadline = deadline
 
     def beat(self) -> bool:
-        """Push the heartbeat deadline out; False once the attempt has ended."""
+        """Push the heartbeat deadline out; False once the attempt has ended or its deadline passed.
+
+        A beat after the deadline comes too late: the attempt is being
+        stopped, and what stops it (a hang or a timeout) stays as it was.
+        """
         if self.ended:
             return False
+        now = trio.current_time()
+        if now >= self.deadline:
+            return False
         if self.heartbeat_timeout is not None:
-            self.set_deadline(min(self.timeout_at, trio.current_time() + self.heartbeat_timeout))
+            self.set_deadline(min(self.timeout_at, now + self.heartbeat_timeout))
         return True
 
     @property
