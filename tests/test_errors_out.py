@@ -14,6 +14,7 @@ import trio.testing
 
 import trioq
 from trioq import JobSpec
+from trioq._runtime import _primary
 from trioq.stores.wal import _writer
 
 
@@ -137,3 +138,14 @@ def test_two_quick_sigints_come_out_as_one_keyboard_interrupt(tmp_path: Path) ->
         [sys.executable, str(script), str(tmp_path), "6"], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.stdout.split() == ["KeyboardInterrupt"] * 6, done.stdout + done.stderr
+
+
+def test_an_error_raised_from_a_ctrl_c_does_not_hide_it() -> None:
+    interrupt = KeyboardInterrupt()
+    derived = RuntimeError("the writer stopped")
+    derived.__cause__ = interrupt
+    copy = OSError(28, "No space left on device")
+    copy.__cause__ = original = OSError(28, "No space left on device")
+    assert _primary(BaseExceptionGroup("", [derived, interrupt]), None) is interrupt
+    assert _primary(BaseExceptionGroup("", [original, copy]), None) is copy  # a copy stands for its cause
+    assert not hasattr(copy, "__notes__")

@@ -213,14 +213,17 @@ def name_problem(value: str) -> str | None:
 
 def storable_text(text: str) -> str:
     """``text`` made fit for a store's error field: lone surrogates and NULs
-    escaped as backslash sequences, cut to :data:`MAX_ERROR_CHARS` characters."""
+    escaped as backslash sequences, cut to at most :data:`MAX_ERROR_CHARS`
+    characters (a note saying how many were cut included). Applying it again
+    changes nothing."""
     if text.isascii() and "\x00" not in text:
         fixed = text
     else:
         fixed = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
     if len(fixed) > MAX_ERROR_CHARS:
-        cut = len(fixed) - MAX_ERROR_CHARS
-        fixed = f"{fixed[:MAX_ERROR_CHARS]}... ({cut} more characters cut)"
+        # The whole stays within the limit, so a text made storable once is left as it is.
+        keep = MAX_ERROR_CHARS - 40
+        fixed = f"{fixed[:keep]}... ({len(fixed) - keep} more characters cut)"
     return fixed
 
 
