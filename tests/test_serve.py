@@ -9,6 +9,7 @@ stops it and restarts it on the same directory. The connection tests run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import pytest
 import trio
 
 import trioq
+import trioq.http
 from trioq._serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
 from trioq.cli import main
 from trioq.http import create_app
@@ -405,6 +407,31 @@ async def test_answers_that_end_the_connection_close_it() -> None:
         ("Content-Length over max_body, body sent", post + b"Content-Length: 4000\r\n\r\n" + b"x" * 4000, b"413", True),
         ("Content-Length over max_body, body not sent", post + b"Content-Length: 4000\r\n\r\n", b"413", True),
         ("no token", post + b"Content-Length: 2\r\n\r\n{}", b"401", True),
+        (
+            "no token, the body not sent (the 401 waits no minute for it)",
+            post + b"Content-Length: 100\r\n\r\n",
+            b"401",
+            True,
+        ),
+        (
+            "two Authorization headers",
+            post + auth + b"Authorization: Bearer bad\r\nContent-Length: 2\r\n\r\n{}",
+            b"401",
+            True,
+        ),
+        (
+            "no route, the body still to come",
+            b"PUT /nope HTTP/1.1\r\nHost: t\r\nContent-Length: 900\r\n\r\nxx",
+            b"404",
+            True,
+        ),
+        (
+            "wrong method, the body still to come",
+            b"PUT /jobs HTTP/1.1\r\nHost: t\r\nContent-Length: 900\r\n\r\nxx",
+            b"405",
+            True,
+        ),
+        ("no path", b"GET ? HTTP/1.1\r\nHost: t\r\n\r\n", b"400", True),
         ("the client asks to close", ping + b"Connection: close\r\n\r\n", b"200", False),
         ("idle past keep-alive", ping + b"\r\n", b"200", False),
     ]
@@ -418,6 +445,58 @@ async def test_answers_that_end_the_connection_close_it() -> None:
                 assert received.count(b"HTTP/1.1 ") == 1, (name, received)
                 if says_close:
                     assert headers.get(b"connection") == b"close", (name, headers)
+
+
+async def test_the_blueprint_in_a_host_app_closes_connections_too() -> None:
+    # Only create_app's app had the connection class that lets hypercorn close:
+    # a host app mounting the blueprint left a 401's or 413's connection open.
+    from hypercorn.trio import serve as hypercorn_serve
+    from quart_trio import QuartTrio
+
+    post = b"POST /q/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    with trio.fail_after(20):
+        async with trioq.open_queue(make_registry(), workers=0) as queue:
+            host = QuartTrio("host")
+            host.register_blueprint(trioq.http.blueprint(queue, token="t0ken", max_body=1024), url_prefix="/q")
+            config = hypercorn_config("127.0.0.1:0")
+            config.graceful_timeout = 0.1
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(partial(hypercorn_serve, host, config, shutdown_trigger=stop.wait))
+                port = int(binds[0].rsplit(":", 1)[1])
+                for data, status in [
+                    (post + b"Authorization: Bearer t0ken\r\nContent-Length: 4000\r\n\r\n", b"413"),
+                    (post + b"Content-Length: 2\r\n\r\n{}", b"401"),
+                ]:
+                    received, closed = await _exchange(port, data)
+                    assert received.startswith(b"HTTP/1.1 " + status), received[:200]
+                    assert closed, f"the host app kept the connection open after {status!r}"
+                stop.set()
+
+
+def test_no_client_can_stop_trioq_serve(tmp_path: Path) -> None:
+    # A request that says it closes, with bytes behind it, made hypercorn reply
+    # while its own close was sending EOF: trio.BusyResourceError left the
+    # connection's handler and ended the whole server, for anyone, token or not.
+    served = Server(tmp_path / "wal")
+    try:
+        host, port = served.url.removeprefix("http://").split(":")
+        requests = [
+            b"POST /jobs HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}X",
+            b"POST /jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}X",
+        ]
+        for n in range(120):
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                sock.settimeout(5.0)
+                sock.sendall(requests[n % 2])
+                with contextlib.suppress(ConnectionError):
+                    while sock.recv(65536):
+                        pass
+            assert served.process.poll() is None, f"trioq serve exited after {n + 1} requests: {served.stderr_text()}"
+        with httpx.Client(base_url=served.url, timeout=5) as client:
+            assert client.get("/healthz").status_code == 200
+    finally:
+        served.kill()
 
 
 def test_trioq_serve_closes_the_connection_after_a_413(server: Server) -> None:

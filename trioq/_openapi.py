@@ -109,8 +109,9 @@ def _schemas() -> dict[str, Any]:
                 **_NAME,
                 "description": (
                     "Idempotency key: a retained job with this key is returned instead of a new one. At most"
-                    f" {MAX_NAME_BYTES} bytes of UTF-8 (so at most {MAX_NAME_BYTES} characters), without NUL or"
-                    " lone surrogates (else 400)."
+                    f" {MAX_NAME_BYTES} bytes of UTF-8 (a character outside ASCII takes 2 to 4: the"
+                    f" {MAX_NAME_BYTES}-character bound here is necessary, not sufficient), without NUL or lone"
+                    " surrogates (else 400)."
                 ),
             },
             "max_attempts": {

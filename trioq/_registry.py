@@ -240,7 +240,8 @@ class Registry:
     def unknown(self, name: str) -> UnknownTask:
         """The error for a task name this registry does not know."""
         known = ", ".join(sorted(self._tasks)) or "none"
-        return UnknownTask(f"no task named {name!r} is registered (known: {known})")
+        shown = repr(name) if len(name) <= 80 else repr(name[:77]) + "..."
+        return UnknownTask(f"no task named {shown} is registered (known: {known})")
 
     def __contains__(self, name: object) -> bool:
         return name in self._tasks

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._builtin import builtin_registry
+from ._model import error_text
 from ._registry import Registry
 from ._runtime import open_queue
 from .stores import MemoryStore, WALStore
@@ -59,6 +63,47 @@ async def _stop_on_signal(stop: trio.Event, *, task_status: trio.TaskStatus[None
             return
 
 
+@contextlib.contextmanager
+def _connections_contained() -> Iterator[None]:
+    """While inside, an error in one connection of hypercorn's trio server ends that connection only.
+
+    hypercorn 0.18 runs each connection's handler in the server's own nursery,
+    so any exception a connection raises ends the whole server. One does: its
+    ``TCPServer._close`` sends EOF without the send lock, and a reply h11 sends
+    meanwhile (a request that said it would close, followed by more bytes)
+    raises ``trio.BusyResourceError`` out of ``protocol_send``: one request
+    from anyone, token or not, stopped ``trioq serve``. hypercorn offers no
+    hook for the connection class, so ``trioq serve`` swaps in a subclass
+    whose ``run`` logs such an error in one line (logger ``trioq.http``; the
+    traceback at DEBUG) and lets the connection go, for as long as it serves. (The socket is closed by the
+    connection's own ``finally``.) If hypercorn moves the class, nothing is
+    swapped and ``tests/test_serve.py`` says so.
+    """
+    from hypercorn.trio import run as hypercorn_run
+    from hypercorn.trio.tcp_server import TCPServer
+
+    class ContainedTCPServer(TCPServer):
+        async def run(self) -> None:
+            try:
+                await super().run()
+            except Exception as exc:  # one line: a client can cause these at will
+                log = logging.getLogger("trioq.http")
+                leaf: BaseException = exc
+                while isinstance(leaf, BaseExceptionGroup):
+                    leaf = leaf.exceptions[0]
+                log.warning("a connection failed inside hypercorn and was closed: %s", error_text(leaf)[:300])
+                log.debug("the failed connection's traceback", exc_info=exc)
+
+    if getattr(hypercorn_run, "TCPServer", None) is not TCPServer:  # moved (or swapped already): leave it
+        yield
+        return
+    setattr(hypercorn_run, "TCPServer", ContainedTCPServer)  # noqa: B010 - not part of its typed interface
+    try:
+        yield
+    finally:
+        setattr(hypercorn_run, "TCPServer", TCPServer)  # noqa: B010
+
+
 def hypercorn_config(bind: str) -> Config:
     """The hypercorn settings of ``trioq serve``, bound to ``bind`` (``host:port``)."""
     from hypercorn.config import Config
@@ -97,11 +142,12 @@ async def serve(args: Any) -> None:
     ) as queue:
         app = create_app(queue, token=token)
         config = hypercorn_config(f"{args.host}:{args.port}")
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_stop_on_signal, stop)
-            binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
-            recovered = getattr(store, "recovery", None)
-            extra = f", recovered {recovered.records} log records" if recovered is not None else ""
-            auth = AUTH_OFF if token is None else AUTH_ON
-            print(f"trioq serving on {binds[0]} ({len(registry)} tasks{extra}); {auth}", flush=True)
+        with _connections_contained():
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_stop_on_signal, stop)
+                binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
+                recovered = getattr(store, "recovery", None)
+                extra = f", recovered {recovered.records} log records" if recovered is not None else ""
+                auth = AUTH_OFF if token is None else AUTH_ON
+                print(f"trioq serving on {binds[0]} ({len(registry)} tasks{extra}); {auth}", flush=True)
         print("trioq: stopped accepting; draining", flush=True)

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
+from hypercorn.typing import ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable, ASGISendEvent
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from quart import Blueprint, Response, request
@@ -80,10 +80,16 @@ class _HTTPError(Exception):
         self.status, self.error, self.field, self.headers = status, error, field, headers or {}
 
     def response(self) -> Response:
-        body: dict[str, Any] = {"error": self.error}
+        # Lone surrogates (echoed from a bad input) as backslash escapes: json.dumps
+        # would write them as "\udcff", which strict JSON parsers refuse.
+        body: dict[str, Any] = {"error": _printable(self.error)}
         if self.field is not None:
-            body["field"] = self.field
+            body["field"] = _printable(self.field)
         return _json(body, self.status, self.headers)
+
+
+def _printable(text: str) -> str:
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -145,7 +151,7 @@ def _expected_token(token: str | None) -> bytes | None:
 def _spec(data: Any, where: str) -> JobSpec:
     """A JobSpec from one JSON job object; types are checked by the queue itself."""
     if not isinstance(data, dict):
-        raise _HTTPError(400, f"{where or 'body'} must be a JSON object", field=where.rstrip(".") or None)
+        raise _HTTPError(400, f"{where.rstrip('.') or 'body'} must be a JSON object", field=where.rstrip(".") or None)
     unknown = sorted(data.keys() - _JOB_FIELDS)
     if unknown:
         raise _HTTPError(400, f"unknown field {unknown[0]!r}", field=f"{where}{unknown[0]}")
@@ -210,11 +216,27 @@ async def _read_body(max_body: int) -> bytes:
     return b"".join(parts)
 
 
+#: What an unauthenticated request's body may cost before its 401: bytes, seconds.
+_DRAIN_BYTES, _DRAIN_SECONDS = 64 * 1024, 1.0
+
+
+async def _discard_some_body() -> None:
+    """Read and drop the request body, up to :data:`_DRAIN_BYTES` or :data:`_DRAIN_SECONDS`."""
+    seen = 0
+    with trio.move_on_after(_DRAIN_SECONDS), contextlib.suppress(HTTPException):
+        async for part in request.body:
+            seen += len(part)
+            if seen > _DRAIN_BYTES:
+                break
+
+
 async def _body(max_body: int) -> Any:
     raw = await _read_body(max_body)
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
+        if "integer string conversion" in str(exc):  # CPython's digit limit, not a JSON error
+            raise _HTTPError(400, "the body holds an integer of over 4300 digits; no store holds one") from None
         raise _HTTPError(400, f"malformed JSON: {exc}") from None
     except RecursionError:
         raise _HTTPError(400, "malformed JSON: nested too deeply") from None
@@ -346,17 +368,49 @@ class _HTTPConnection(TrioASGIHTTPConnection):
     It cannot hold the task long: the body went out in earlier messages
     (hypercorn shields its socket writes itself), and quart-trio keeps
     draining the receive channel until the disconnect.
+
+    Two more things it does for every response: one that starts before the
+    request's body has arrived to its end (a 404, a 405, an early 401 or
+    413) says ``Connection: close``, since hypercorn will not carry another
+    request on that connection (without it, a client's next request on the
+    connection is lost); and a request with an empty path (``GET ?``), on
+    which Quart itself fails, gets a JSON 400.
     """
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if not self.scope.get("path"):
+            await _send_json_directly(send, 400, {"error": "the request has no path"})
+            return
+        body_done = False
+
+        async def receive_noting_the_end() -> ASGIReceiveEvent:
+            nonlocal body_done
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body_done = True
+            return message
+
         async def send_last_shielded(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.start" and not body_done:
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"connection" for name, _ in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 with trio.CancelScope(shield=True):
                     await send(message)
             else:
                 await send(message)
 
-        await super().__call__(receive, send_last_shielded)
+        await super().__call__(receive_noting_the_end, send_last_shielded)
+
+
+async def _send_json_directly(send: ASGISendCallable, status: int, body: dict[str, Any]) -> None:
+    """A whole JSON response on the ASGI ``send``, for a request Quart cannot take, closing the connection."""
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"connection", b"close")]})
+    with trio.CancelScope(shield=True):  # as above: the last message must not be cut off
+        await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 # ---------------------------------------------------------------- metrics
@@ -398,19 +452,22 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     takes (404, 405) is the host app's to answer. Mounting registers a URL
     converter named ``trioq_job_id`` on the host app.
 
-    Served by hypercorn, a host app has the issue :func:`create_app`'s app
-    works around (quart-trio cancels the last ``send`` of a response, so a
-    connection that should close stays open): see ``_HTTPConnection`` in
-    this module's source.
+    A QuartTrio host app that still uses quart-trio's own connection class
+    gets trioq's (``_HTTPConnection`` in this module's source: quart-trio
+    cancels the last ``send`` of a response, so under hypercorn a connection
+    that should close stays open); a host app with a class of its own keeps it.
     """
     expected = _expected_token(token)
     bp = Blueprint("trioq", __name__)
 
-    def add_converter(state: BlueprintSetupState) -> None:
+    def set_up_host(state: BlueprintSetupState) -> None:
         state.app.url_map.converters.setdefault(_JOB_ID_CONVERTER, _JobId)
+        host = state.app
+        if isinstance(host, QuartTrio) and host.asgi_http_class is TrioASGIHTTPConnection:  # quart-trio's own
+            host.asgi_http_class = _HTTPConnection
 
     # Before the routes: a rule's converters are looked up when it is added to the map.
-    bp.record_once(add_converter)
+    bp.record_once(set_up_host)
     job_path = f"/jobs/<{_JOB_ID_CONVERTER}:job_id>"
     answering = _answering(max_body)
     metrics = _Metrics(queue)
@@ -436,15 +493,17 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             return _too_large(_limit(max_body)).response()
         if expected is None or (request.endpoint or "").rpartition(".")[2] in _OPEN_ENDPOINTS:
             return None
-        given = request.headers.get("Authorization", "")
-        scheme, _, credential = given.partition(" ")
+        given = request.headers.getlist("Authorization")
+        # Exactly one header: with two, a proxy reading the last and this app the
+        # first could disagree on who is asking.
+        scheme, _, credential = given[0].partition(" ") if len(given) == 1 else ("", "", "")
         # The header arrives as latin-1 text; a token is ASCII, so .encode() can only fail to match.
         if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), expected):
-            # Read what body there is (within the limit) before answering: closing
-            # on a client still sending makes the kernel reset the connection,
-            # which can destroy the 401 before the client reads it.
-            with contextlib.suppress(_HTTPError):  # over the limit, or too slow: answer without it
-                await _read_body(max_body)
+            # Drain a little of the body before answering: closing on a client
+            # still sending makes the kernel reset the connection, which can
+            # destroy the 401 before the client reads it. Only a little, thrown
+            # away: a stranger gets no memory and no minute of a task.
+            await _discard_some_body()
             headers = {"WWW-Authenticate": "Bearer", **_CLOSE}
             return _HTTPError(401, "missing or wrong bearer token", headers=headers).response()
         return None
