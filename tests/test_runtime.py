@@ -448,7 +448,7 @@ async def test_a_result_the_store_cannot_hold_fails_the_attempt_not_the_queue(
     assert [f.state for f in finals] == [JobState.DEAD] * 4 + [JobState.SUCCEEDED]
     for final in finals[:3]:
         assert final.error is not None and "result cannot be stored" in final.error
-    assert finals[3].error is not None and "recursion" in finals[3].error
+    assert finals[3].error is not None and "nests deeper than 128 levels" in finals[3].error
     assert finals[4].result == "fine"
 
 

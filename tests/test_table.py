@@ -1366,3 +1366,16 @@ def test_a_checkpoint_keeps_the_retention_order() -> None:
     table.max_retained = 1
     assert table.evict(now=4.0) == ["b", "c"]
     check_consistent(table)
+
+
+def test_restore_keeps_what_an_older_trioq_kept_past_todays_limits() -> None:
+    # A checkpoint written before the limits holds such a job: replay must not refuse it.
+    from trioq._model import MAX_DEPTH
+
+    deep: object = 0
+    for _ in range(MAX_DEPTH + 50):
+        deep = [deep]
+    table = JobTable()
+    row = ("j1", "t", {"a": deep}, "succeeded", 0, None, 3, 1.0, 1.0, 0, 1, 1, 2.0, deep, None)
+    table.restore(*row)
+    assert table.get("j1").payload == {"a": deep} and table.get("j1").result == deep

@@ -181,6 +181,10 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 MAX_VALUE_BYTES = 1 << 28
 #: The longest task name or idempotency key, in UTF-8 bytes.
 MAX_NAME_BYTES = 4096
+#: How deep a payload or result may nest (dicts and lists), like serde_json's default: every
+#: store, and every step that decodes one again (a checkpoint, a worker's claim), then stays
+#: far from the recursion limit, wherever on the stack it runs.
+MAX_DEPTH = 128
 #: The longest error text a store keeps, in characters; beyond it the text is cut, saying so.
 MAX_ERROR_CHARS = 16_384
 
@@ -216,6 +220,8 @@ def storable_text(text: str) -> str:
     escaped as backslash sequences, cut to at most :data:`MAX_ERROR_CHARS`
     characters (a note saying how many were cut included). Applying it again
     changes nothing."""
+    if type(text) is not str:  # a subclass the log cannot encode, or not a str at all
+        text = str.__str__(text) if isinstance(text, str) else repr(text)
     if text.isascii() and "\x00" not in text:
         fixed = text
     else:
@@ -231,8 +237,8 @@ def check_json(value: Any, *, what: str) -> None:
     """Raise :class:`InvalidJob` unless ``value`` is a JSON value trioq keeps as it is.
 
     That is: dicts with string keys, lists (tuples become lists), strings,
-    ints, finite floats, bools and ``None``, nested within the recursion
-    limit. (Ints beyond 64 bits and strings with lone surrogates are JSON,
+    ints, finite floats, bools and ``None``, nested at most
+    :data:`MAX_DEPTH` levels. (Ints beyond 64 bits and strings with lone surrogates are JSON,
     but no store holds them: the store refuses them as it encodes them.)
     A dict key that is not a string is refused, though ``json.dumps`` would
     turn it into one: the job would then differ between the Python API and
@@ -253,12 +259,10 @@ def check_json(value: Any, *, what: str) -> None:
         else:
             return
     try:
-        _walk_json(value)
+        _walk_json(value, 1)
     except _NotJson as exc:
         where = what + "".join(reversed(exc.path))
         raise InvalidJob(f"{what} must be a JSON value: {where} {exc.problem}", field=what) from None
-    except RecursionError:
-        raise InvalidJob(f"{what} must be a JSON value: it is nested past the recursion limit", field=what) from None
 
 
 class _NotJson(Exception):
@@ -270,8 +274,9 @@ class _NotJson(Exception):
         self.path: list[str] = []
 
 
-def _walk_json(value: Any) -> None:
-    """Raise :class:`_NotJson` at the first part of ``value`` that is not a JSON value trioq keeps."""
+def _walk_json(value: Any, depth: int) -> None:
+    """Raise :class:`_NotJson` at the first part of ``value`` (a container at ``depth``) that is
+    not a JSON value trioq keeps."""
     t = type(value)
     if t is str or t is bool or value is None:
         return
@@ -283,12 +288,14 @@ def _walk_json(value: Any) -> None:
         raise _NotJson(f"is {value}, which JSON cannot hold")
     if isinstance(value, str):
         return
+    if isinstance(value, dict | list | tuple) and depth > MAX_DEPTH:
+        raise _NotJson(f"nests deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise _NotJson(f"has the key {k!r:.60}, a {type(k).__name__}; keys must be strings")
             try:
-                _walk_json(v)
+                _walk_json(v, depth + 1)
             except _NotJson as exc:
                 exc.path.append(f"[{k!r:.60}]")
                 raise
@@ -296,7 +303,7 @@ def _walk_json(value: Any) -> None:
     if isinstance(value, list | tuple):
         for i, v in enumerate(value):
             try:
-                _walk_json(v)
+                _walk_json(v, depth + 1)
             except _NotJson as exc:
                 exc.path.append(f"[{i}]")
                 raise

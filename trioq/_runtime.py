@@ -27,7 +27,6 @@ from ._model import (
     JobSpec,
     SimulatedCrash,
     TrioqError,
-    check_json,
     error_text,
     is_storable_int,
 )
@@ -205,11 +204,10 @@ class Queue:
             if not isinstance(payload, dict) or not all(isinstance(k, str) for k in payload):
                 where = _where(index)
                 raise InvalidJob(
-                    f"{where}payload must be a dict with string keys, got {payload!r}", field=f"{where}payload"
+                    f"{where}payload must be a dict with string keys, got {payload!r:.80}", field=f"{where}payload"
                 )
-            where = "" if index is None else _where(index)
-            check_json(payload, what=f"{where}payload" if where else "payload")
-            definition.check_payload(payload, where)
+            # The store checks the values (JSON, nesting, size) as it packs them.
+            definition.check_payload(payload, "" if index is None else _where(index))
         elif definition.required:
             definition.check_payload(payload, _where(index))
         delay = spec.delay

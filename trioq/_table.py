@@ -20,12 +20,13 @@ a transition from the wrong state raises :class:`~trioq.InvalidJob`.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Collection, Container, Iterator
 from typing import Any
 
 import msgspec
 
-from ._model import INT_MAX, INT_MIN, MAX_VALUE_BYTES, InvalidJob, Job, JobNotFound, JobState
+from ._model import INT_MAX, INT_MIN, MAX_VALUE_BYTES, InvalidJob, Job, JobNotFound, JobState, check_json
 from ._ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
@@ -166,9 +167,9 @@ class JobTable:
 
     def entry(self, job_id: str) -> Entry:
         """The live entry for ``job_id``; raises :class:`~trioq.JobNotFound`."""
-        found = self._jobs.get(job_id)
+        found = self._jobs.get(job_id) if isinstance(job_id, str) else None
         if found is None:
-            raise JobNotFound(f"no job with id {job_id!r} (never enqueued, or evicted after retention)")
+            raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
         return found
 
     def get(self, job_id: str) -> Job:
@@ -555,13 +556,14 @@ class JobTable:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
         self._next_seq = max(self._next_seq, seq + 1)
-        packed = pack_payload(payload)
+        # As it was kept, even past today's limits (a log an older trioq wrote).
+        packed = b"" if not payload else _pack(payload, "payload")
         entry = Entry(job_id, task, packed, job_state, priority, key, max_attempts, run_at, created_at, seq)
         entry.attempts = attempts
         entry.epoch = epoch
         entry.finished_at = finished_at
         # A checkpoint's row holds a non-scalar result packed already.
-        entry.result = result if type(result) is bytes else stored_result(result)
+        entry.result = result if type(result) is bytes or type(result) in _KEPT_AS_IS else _kept(result)
         entry.error = error
         self._jobs[job_id] = entry
         if key is not None:
@@ -589,7 +591,10 @@ class JobTable:
     def _running(self, job_id: str, epoch: int) -> Entry | None:
         # An unknown id is stale too: the job may have been cancelled and
         # evicted while the attempt that names it was still running.
-        entry = self._active.get(job_id)
+        try:
+            entry = self._active.get(job_id)
+        except TypeError:  # an unhashable id names no job
+            return None
         if entry is None or entry.epoch != epoch:
             return None
         return entry
@@ -686,15 +691,21 @@ def pack_payload(payload: dict[str, Any], *, field: str = "payload") -> bytes:
     surrogates), and for more than :data:`~trioq._model.MAX_VALUE_BYTES`
     packed: stores call this for a whole batch before changing anything.
     """
-    if not payload:
+    if type(payload) is dict and not payload:  # exactly: a dict subclass may say it is empty and not be
         return b""
-    try:
-        packed = _encode(payload)
-    except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
-        raise InvalidJob(f"{field} cannot be stored: {exc}", field=field) from None
+    check_json(payload, what=field)
+    packed = _pack(payload, field)
     if len(packed) > MAX_VALUE_BYTES:
         raise InvalidJob(_too_large(field, len(packed)), field=field)
     return packed
+
+
+def _pack(value: Any, field: str) -> bytes:
+    """``value`` as msgpack, or :class:`~trioq.InvalidJob` naming ``field`` for what msgpack cannot hold."""
+    try:
+        return _encode(value)
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
+        raise InvalidJob(f"{field} cannot be stored: {exc}", field=field) from None
 
 
 def _too_large(field: str, size: int) -> str:
@@ -722,25 +733,35 @@ def stored_result(result: Any) -> Any:
     """
     kind = type(result)
     if kind in _KEPT_AS_IS:
+        if kind is float and not math.isfinite(result):
+            raise InvalidJob(f"result must be a JSON value: result is {result}, which JSON cannot hold", field="result")
         return result
-    try:
-        if kind is int:
-            if INT_MIN <= result <= INT_MAX:
-                return result
-            _encode(result)  # raises
-        elif kind is str:
-            size = len(result) if result.isascii() else len(result.encode())  # raises on a lone surrogate
-            if size > MAX_VALUE_BYTES:
-                raise InvalidJob(_too_large("result", size), field="result")
+    if kind is int:
+        if INT_MIN <= result <= INT_MAX:
             return result
-        elif kind is bytes:
-            raise TypeError("bytes are not a JSON value")
-        packed = _encode(result)
-    except (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError) as exc:
-        raise InvalidJob(f"result cannot be stored: {exc}", field="result") from None
+        return _pack(result, "result")  # raises
+    if kind is str:
+        try:
+            size = len(result) if result.isascii() else len(result.encode())
+        except UnicodeEncodeError as exc:
+            raise InvalidJob(f"result cannot be stored: {exc}", field="result") from None
+        if size > MAX_VALUE_BYTES:
+            raise InvalidJob(_too_large("result", size), field="result")
+        return result
+    if kind is bytes:
+        raise InvalidJob("result cannot be stored: bytes are not a JSON value", field="result")
+    check_json(result, what="result")
+    packed = _pack(result, "result")
     if len(packed) > MAX_VALUE_BYTES:
         raise InvalidJob(_too_large("result", len(packed)), field="result")
     return packed
+
+
+def _kept(result: Any) -> Any:
+    """A result read back from a checkpoint, kept as :func:`stored_result` would, without its limits."""
+    if (type(result) is int and INT_MIN <= result <= INT_MAX) or type(result) is str:
+        return result
+    return _pack(result, "result")
 
 
 def log_result(stored: Any) -> Any:

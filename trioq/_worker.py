@@ -26,7 +26,7 @@ import trio
 from ._context import Attempt, JobContext
 from ._executors import ProcessRunner, ThreadRunner
 from ._exits import DEADLINE, attempt_error, without_cancelled
-from ._model import Backoff, InvalidJob, Job, JobState, check_json, error_text
+from ._model import Backoff, InvalidJob, Job, JobState, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
 
@@ -74,8 +74,6 @@ class _Worker:
 
 #: A worker checkpoints after this many jobs in a row (see _serve).
 _JOBS_PER_CHECKPOINT = 4
-
-_JSON_SCALARS = (type(None), bool, int, str)
 
 
 class WorkerPool:
@@ -382,11 +380,6 @@ class WorkerPool:
                         self._totals.timed_out += 1
                     else:
                         self._totals.hung += 1
-            if error is None and type(result) not in _JSON_SCALARS:
-                try:
-                    check_json(result, what="result")
-                except ValueError as exc:
-                    error = error_text(exc)
             if error is None:
                 # The worker moves on without waiting for the record to be
                 # durable; the log commits it with others, soon. Whoever is

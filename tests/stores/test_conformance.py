@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from trioq import InvalidJob, Job, JobNotFound, JobState, QueueFull, TrioqError
-from trioq._model import MAX_ERROR_CHARS, MAX_NAME_BYTES, MAX_VALUE_BYTES, storable_text
-from trioq.stores import Store
+from trioq._model import MAX_DEPTH, MAX_ERROR_CHARS, MAX_NAME_BYTES, MAX_VALUE_BYTES, storable_text
+from trioq.stores import NewJob, Store, WALStore
 from trioq.stores._base import CancelResult
 
 if TYPE_CHECKING:
@@ -321,7 +321,7 @@ async def test_a_result_the_store_cannot_hold_is_refused_and_changes_nothing(
     await store.add([store_factory.job()])
     claimed = await claim_one(store)
     before = await store.get(claimed.id)
-    with pytest.raises(InvalidJob, match="result cannot be stored") as excinfo:
+    with pytest.raises(InvalidJob, match=r"result (cannot be stored|must be a JSON value)") as excinfo:
         await store.succeed(claimed.id, claimed.epoch, result)
     assert excinfo.value.field == "result"
     assert await store.get(claimed.id) == before  # still running, no attempt spent, no result
@@ -830,3 +830,87 @@ async def test_any_error_text_is_kept_storable(store_factory: StoreFactory) -> N
     assert kept[2] is not None and len(kept[2]) <= MAX_ERROR_CHARS
     assert kept[2] == "E" * (MAX_ERROR_CHARS - 40) + "... (540 more characters cut)"
     assert storable_text(kept[2]) == kept[2]  # a text made storable once is left as it is
+
+
+class _Str(str):
+    """A str subclass (numpy.str_ is one): the log's encoder takes none."""
+
+
+class _Int(int):
+    """An int subclass."""
+
+
+class _Float(float):
+    """A float subclass."""
+
+
+async def test_subclasses_of_str_int_and_float_are_stored_as_plain_values(store_factory: StoreFactory) -> None:
+    # A str subclass as a key reached the WAL's encoder after the table had
+    # changed (TypeError, then "record does not replay" at the next open).
+    first_store = store_factory()
+    async with store_factory.session(first_store) as store:
+        spec = NewJob(_Str("t"), {"n": 1}, _Int(3), _Str("k"), _Int(4), _Float(store_factory.clock.now))
+        (job,) = await store.add([spec])
+        assert (type(job.task), type(job.key), type(job.priority), type(job.max_attempts)) == (str, str, int, int)
+        claimed = await claim_one(store)
+        failed = await store.fail(_Str(claimed.id), _Int(claimed.epoch), _Str("E: x"), _Float(0.0))
+        assert failed is not None and type(failed.error) is str
+        again = await claim_one(store)
+        assert await store.succeed(_Str(again.id), _Int(again.epoch), "ok") is True
+        (other,) = await store.add([store_factory.job()])
+        await store.cancel(_Str(other.id))
+        await store.retry(_Str(other.id))
+        before = {j: await store.get(j) for j in (job.id, other.id)}
+    async with store_factory.session(store_factory.reopen(first_store)) as store:
+        assert {j: await store.get(j) for j in (job.id, other.id)} == before
+
+
+@pytest.mark.parametrize("bad", [[], {"id": 1}, None, 7], ids=["list", "dict", "none", "int"])
+async def test_an_id_that_is_not_a_string_names_no_job(store: Store, bad: object) -> None:
+    for call in (store.get, store.cancel, store.retry):
+        with pytest.raises(JobNotFound):
+            await call(bad)  # type: ignore[arg-type]
+    assert await store.succeed(bad, 1, None) is False  # type: ignore[arg-type]
+
+
+def _deep(levels: int) -> object:
+    value: object = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+async def test_nesting_past_the_limit_is_refused_and_at_it_survives_a_checkpoint(store_factory: StoreFactory) -> None:
+    # A payload nested ~986 levels was accepted, then killed the queue at every
+    # checkpoint (which decodes payloads again, deeper in the writer's stack).
+    first_store = store_factory()
+    async with store_factory.session(first_store) as store:
+        with pytest.raises(InvalidJob, match=f"nests deeper than {MAX_DEPTH} levels") as excinfo:
+            await store.add([store_factory.job(payload={"a": _deep(MAX_DEPTH)})])  # the dict is one level
+        assert excinfo.value.field == "payload"
+        (job,) = await store.add([store_factory.job(payload={"a": _deep(MAX_DEPTH - 1)})])
+        claimed = await claim_one(store)
+        with pytest.raises(InvalidJob, match="nests deeper"):
+            await store.succeed(claimed.id, claimed.epoch, _deep(MAX_DEPTH + 1))
+        assert await store.succeed(claimed.id, claimed.epoch, _deep(MAX_DEPTH - 1)) is True
+        if isinstance(store, WALStore):
+            await store.checkpoint()
+    async with store_factory.session(store_factory.reopen(first_store)) as store:
+        kept = await store.get(job.id)
+    assert kept.payload == {"a": _deep(MAX_DEPTH - 1)} and kept.result == _deep(MAX_DEPTH - 1)
+
+
+class _Lying(dict[str, object]):
+    def __len__(self) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return False
+
+
+async def test_a_dict_subclass_that_says_it_is_empty_keeps_its_payload(
+    store: Store, store_factory: StoreFactory
+) -> None:
+    # Its len() and bool() once decided that the payload was empty: stored as {}.
+    (job,) = await store.add([store_factory.job(payload=_Lying(n=1))])
+    assert (await store.get(job.id)).payload == {"n": 1}

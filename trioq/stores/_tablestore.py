@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from .._model import InvalidJob, Job, JobState, QueueFull, SimulatedCrash, name_problem, storable_text
+from .._model import INT_MAX, INT_MIN, InvalidJob, Job, JobState, QueueFull, SimulatedCrash, name_problem, storable_text
 from .._table import Entry, JobTable, log_result, pack_payload, raw_payload
 from ._base import CancelResult, IdMaker, NewJob, StoreConfig
 
@@ -26,17 +26,51 @@ __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEE
 ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
 
 
-def _check_names(job: NewJob, where: str) -> None:
-    """Raise :class:`~trioq.InvalidJob` unless the store can hold ``job``'s task name and key."""
-    for field, value in (("task", job.task), ("key", job.key)):
-        if value is None and field == "key":
-            continue
-        if not isinstance(value, str):
-            raise InvalidJob(f"{where}{field} must be a string, got {type(value).__name__}", field=f"{where}{field}")
-        problem = name_problem(value)
-        if problem is not None:
+def _checked(job: NewJob, where: str) -> NewJob:
+    """``job`` with every field one the store (and its log) can hold, else :class:`~trioq.InvalidJob`.
+
+    The fields come back of exactly the builtin types (a ``str`` or ``int``
+    subclass, such as ``numpy.str_``, as a plain copy): the log's encoder takes
+    no subclass, and the table keeps what it is given. Names are checked by
+    :func:`~trioq._model.name_problem`; ints must fit 64 bits.
+    """
+    task, key, priority, max_attempts, run_at = job.task, job.key, job.priority, job.max_attempts, job.run_at
+    exact = (
+        type(task) is str
+        and (key is None or type(key) is str)
+        and type(priority) is int
+        and type(max_attempts) is int
+        and type(run_at) is float
+    )
+    if not exact:
+        task = _plain_str(task, f"{where}task")
+        key = None if key is None else _plain_str(key, f"{where}key")
+        priority = _plain_int(priority, f"{where}priority")
+        max_attempts = _plain_int(max_attempts, f"{where}max_attempts")
+        if isinstance(run_at, bool) or not isinstance(run_at, int | float):
+            raise InvalidJob(f"{where}run_at must be a number, got {type(run_at).__name__}", field=f"{where}run_at")
+        run_at = float(run_at)
+        job = NewJob(task, job.payload, priority, key, max_attempts, run_at)
+    if not (INT_MIN <= priority <= INT_MAX and 1 <= max_attempts <= INT_MAX):
+        field = f"{where}priority" if not INT_MIN <= priority <= INT_MAX else f"{where}max_attempts"
+        raise InvalidJob(f"{field} cannot be stored: it must be a 64-bit integer (max_attempts >= 1)", field=field)
+    for field, value in (("task", task), ("key", key)):
+        if value is not None and (problem := name_problem(value)) is not None:
             shown = repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
             raise InvalidJob(f"{where}{field} {shown} cannot be stored: {problem}", field=f"{where}{field}")
+    return job
+
+
+def _plain_str(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidJob(f"{field} must be a string, got {type(value).__name__}", field=field)
+    return str.__str__(value)
+
+
+def _plain_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJob(f"{field} must be an integer, got {type(value).__name__}", field=field)
+    return int.__index__(value)
 
 
 class TableStore:
@@ -120,13 +154,14 @@ class TableStore:
         # Check every field and encode every payload before the table
         # changes: all or nothing, and no record the log cannot encode.
         if len(jobs) == 1:
-            _check_names(jobs[0], "")
+            jobs = [_checked(jobs[0], "")]
             packed = [pack_payload(jobs[0].payload)]
         else:
-            packed = []
+            checked, packed = [], []
             for i, j in enumerate(jobs):
-                _check_names(j, f"jobs[{i}].")
+                checked.append(_checked(j, f"jobs[{i}]."))
                 packed.append(pack_payload(j.payload, field=f"jobs[{i}].payload"))
+            jobs = checked
         out: list[Job] = []
         ready = 0
         scheduled: list[float] = []
@@ -180,7 +215,7 @@ class TableStore:
         if entry is None:
             return False
         if self.logs:
-            self._record(SUCCEED, (job_id, epoch, log_result(entry.result), now), lazy=not durable)
+            self._record(SUCCEED, (entry.id, entry.epoch, log_result(entry.result), now), lazy=not durable)
         if durable:
             await self._flush()
         return True
@@ -192,10 +227,11 @@ class TableStore:
         table, config = self._open()
         now = config.clock()
         error = storable_text(error)
+        retry_at = float(retry_at)  # the table keeps it: a float, not a subclass the log cannot encode
         entry = table.fail(job_id, epoch, error, retry_at, now)
         if entry is None:
             return None
-        self._record(FAIL, (job_id, epoch, error, retry_at, now))
+        self._record(FAIL, (entry.id, entry.epoch, error, retry_at, now))
         job = entry.snapshot()
         await self._flush()
         self._announce(entry)
@@ -206,7 +242,7 @@ class TableStore:
         entry = table.release(job_id, epoch)
         if entry is None:
             return None
-        self._record(RELEASE, (job_id, epoch))
+        self._record(RELEASE, (entry.id, entry.epoch))
         job = entry.snapshot()
         await self._flush()
         self._announce(entry)
@@ -221,7 +257,7 @@ class TableStore:
         now = config.clock()
         entry, changed, running_epoch = table.cancel(job_id, now)
         if changed:
-            self._record(CANCEL, (job_id, now))
+            self._record(CANCEL, (entry.id, now))
         result = CancelResult(entry.snapshot(), changed, running_epoch)
         await self._flush()
         return result
@@ -230,7 +266,7 @@ class TableStore:
         table, config = self._open()
         now = config.clock()
         entry = table.retry(job_id, now)
-        self._record(RETRY, (job_id, now))
+        self._record(RETRY, (entry.id, now))
         job = entry.snapshot()
         await self._flush()
         self._announce(entry)
