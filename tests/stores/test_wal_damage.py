@@ -399,3 +399,22 @@ async def test_a_kill_9_at_any_moment_leaves_a_log_that_opens(tmp_path: Path, fs
                 async with opened(copy, clock) as reopened:
                     assert [(await reopened.get(j.id)).id for j in jobs] == [j.id for j in jobs]
                 shutil.rmtree(copy)
+
+
+@pytest.mark.parametrize("fsync", FSYNC_MODES)
+async def test_a_batch_cut_out_of_the_middle_of_a_segment_is_corruption(tmp_path: Path, fsync: str) -> None:
+    # Frame-aligned, every record left reads cleanly: only the batch numbers
+    # and each batch's start offset (in its commit marker) tell.
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock, fsync=fsync) as store:
+        for i in range(5):
+            await store.add([new_job(clock, n=i)])
+    (segment,) = segments(wal)
+    data = segment.read_bytes()
+    ends = _commit_ends(segment)
+    segment.write_bytes(data[: ends[1]] + data[ends[2] :])
+
+    error = await _open_fails(wal, clock)
+    assert error.path == str(segment) and "cut out" in str(error)
+    _assert_verify_damaged(wal, segment.name)

@@ -132,11 +132,12 @@ def commit_frame(batch: int, start: int = 0, chunk_crcs: tuple[int, ...] = ()) -
     return _FRAME.pack(len(body) - 1, crc32c(body), COMMIT) + body[1:]
 
 
-def commit_info(payload: bytes | memoryview) -> tuple[int, bool]:
-    """A commit marker's batch number, and whether it carries page chunk CRCs
-    (only ``fsync="always"`` writes them), from the marker's payload."""
-    _, batch, _ = _COMMIT_BODY.unpack_from(payload)
-    return int(batch), len(payload) > _COMMIT_BODY.size
+def commit_info(payload: bytes | memoryview) -> tuple[int, int, bool]:
+    """A commit marker's batch number, the file offset its batch began at (0 in
+    checkpoints of older logs), and whether it carries page chunk CRCs (only
+    ``fsync="always"`` writes them), from the marker's payload."""
+    _, batch, start = _COMMIT_BODY.unpack_from(payload)
+    return int(batch), int(start), len(payload) > _COMMIT_BODY.size
 
 
 def _chunks(start: int, end: int) -> list[tuple[int, int]]:

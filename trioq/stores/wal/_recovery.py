@@ -245,9 +245,16 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _corruption(directory, path, scan.committed_end, "records after the last commit marker")
         if before is not None and first is not None and first[0] > 1 and first[0] != recovery.last_batch + 1:
             raise _batches_missing(directory, before, recovery.last_batch, first[0], path)
-        last_commit: memoryview | None = None
+        previous_batch: int | None = None
+        batch_start = HEADER_SIZE  # where the next batch must begin: its records are contiguous
         add_packed = table.add_packed
         for kind, payload, offset in scan.committed():
+            if kind == COMMIT:
+                batch, start, _ = commit_info(payload)
+                _check_batch(directory, path, offset, batch, start, previous_batch, batch_start)
+                previous_batch, batch_start = batch, offset + FRAME_OVERHEAD + len(payload)
+                recovery.last_batch = batch
+                continue
             try:
                 if kind == ADD:
                     # ADD dominates a log: its payload stays msgpack bytes
@@ -260,9 +267,6 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                     if len(packed) <= 16:
                         packed = shared_bytes.setdefault(packed, packed)
                     applied = add_packed(r[0], task, packed, r[3], r[4], r[5], r[6], r[7]) is None
-                elif kind == COMMIT:
-                    last_commit = payload
-                    continue
                 else:
                     fields = decode(payload)
                     applied = apply_record(table, kind, fields)
@@ -273,9 +277,6 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             if kind == CHECKPOINT_BEGIN:
                 recovery.checkpoints_seen += 1
                 recovery.last_checkpoint = (number, int(fields[0]))
-        if last_commit is not None:
-            recovery.last_batch = commit_info(last_commit)[0]
-            del last_commit  # a view of the segment's bytes
         before = (path, scan.committed_end)
         recovery.records += scan.records
         recovery.batches += scan.batches
@@ -287,7 +288,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             cuts.append((path, scan.committed_end, tail))
         del scan  # one segment's bytes in memory at a time
     if repair:
-        _repair(directory, headerless, superseded, cuts)
+        _repair(directory, [path for _, path in segments], headerless, superseded, cuts)
     return recovery
 
 
@@ -366,17 +367,48 @@ def _first_commit(scan: Scan) -> tuple[int, bool] | None:
     """
     for kind, payload, _ in scan.committed():
         if kind == COMMIT:
-            return commit_info(payload)
+            batch, _, crcs = commit_info(payload)
+            return batch, crcs
     return None
+
+
+def _check_batch(
+    directory: str, path: str, offset: int, batch: int, start: int, previous: int | None, expected_start: int
+) -> None:
+    """Raise :class:`WALCorruption` unless the batch whose marker is at ``offset`` follows the one before.
+
+    Within a segment, one writer session wrote every batch, one after the
+    other: each is numbered one past the previous, and begins where the
+    previous ended (the first, after the header; checkpoints of older logs
+    say 0). Otherwise committed records were cut out of the middle.
+    """
+    if previous is not None and batch != previous + 1:
+        what = f"the commit of batch {batch} follows batch {previous}: the batches between were cut out"
+        raise _corruption(directory, path, offset, what)
+    if start != expected_start and not (start == 0 and previous is None):
+        what = f"batch {batch} began at byte {start}, but the batch before it ended at {expected_start}"
+        raise _corruption(directory, path, offset, what + ": the records between were cut out")
 
 
 def _repair(
     directory: str,
+    kept: list[str],
     headerless: tuple[int, str] | None,
     superseded: list[tuple[int, str]],
     cuts: list[tuple[str, int, int]],
 ) -> None:
-    """Make the disk what replay read: remove what a crash left, cut tails and padding (each synced)."""
+    """Make the disk what replay read: remove what a crash left, cut tails and padding (each synced).
+
+    First every segment replay keeps is synced, and the directory: what it
+    read may have been only in the page cache (a process killed before its
+    sync), and the next session builds on it (its batches numbered on from
+    these, a checkpoint's older segments deleted); a power cut must not then
+    take it back.
+    """
+    for path in kept:
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+    fsync_dir(directory)
     if headerless is not None:
         log.warning("trioq WAL: removing %s, a segment whose header was never written", headerless[1])
         os.unlink(headerless[1])

@@ -577,6 +577,10 @@ class LogWriter:
         be on disk first in every mode, or a machine crash could lose jobs
         that were safe before it.
         """
+        if self._fd >= 0 and self._dirty and self.fsync != "never":
+            # The segment left is synced before the next one exists on disk:
+            # a power cut must not leave a later segment and an older one cut short.
+            self._sync()
         path = os.path.join(self.directory, segment_name(number))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         data = header(number) + body
@@ -590,8 +594,6 @@ class LogWriter:
             os.close(fd)
             raise
         if self._fd >= 0:
-            if self._dirty and self.fsync != "never":
-                self._sync()
             self._trim()
             os.close(self._fd)
         self._fd = fd
