@@ -6,9 +6,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import os
-import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -28,6 +25,7 @@ import trioq
 from trioq import Backoff, JobState
 
 from . import handlers
+from .test_serve import AUTH, Server
 
 NO_WAIT = Backoff(base=0.0, jitter=0.0)
 
@@ -168,19 +166,11 @@ def test_a_real_sigint_landing_in_a_handler_stops_the_queue_uncounted(tmp_path: 
     assert (job.attempts, job.error) == (0, None)  # cut off by the signal: not an attempt
 
 
-_SERVING = re.compile(r"trioq serving on (http://127\.0\.0\.1:\d+)")
-
-
 @pytest.mark.slow
 def test_trioq_serve_keeps_serving_when_a_handler_calls_sys_exit(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
-    env.pop("TRIOQ_TOKEN", None)
-    command = [sys.executable, "-m", "trioq.cli", "serve", "--app", "tests.exiting_app:registry"]
-    command += ["--wal", str(tmp_path / "wal"), "--host", "127.0.0.1", "--port", "0"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    served = Server(tmp_path / "wal", "--app", "tests.exiting_app:registry")
     try:
-        url = _serving_url(child, timeout=15)
-        with httpx.Client(base_url=url, timeout=5) as client:
+        with httpx.Client(base_url=served.url, headers=AUTH, timeout=5) as client:
             job_id = client.post("/jobs", json={"task": "quits"}).json()["id"]
             deadline = time.monotonic() + 10
             while (job := client.get(f"/jobs/{job_id}").json())["state"] != "dead":
@@ -188,36 +178,12 @@ def test_trioq_serve_keeps_serving_when_a_handler_calls_sys_exit(tmp_path: Path)
                 time.sleep(0.02)
             assert job["attempts"] == 2 and job["error"].startswith("SystemExit")
             assert client.get("/healthz").status_code == 200
-            assert child.poll() is None  # the server is still up
-        child.send_signal(signal.SIGTERM)
-        child.wait(timeout=15)
-        assert child.returncode == 0
+            assert served.process.poll() is None  # the server is still up
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(timeout=15)
+        assert served.process.returncode == 0
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=10)
-        for stream in (child.stdout, child.stderr):
-            if stream is not None:
-                stream.close()
-
-
-def _serving_url(child: subprocess.Popen[bytes], timeout: float) -> str:
-    assert child.stdout is not None
-    fd = child.stdout.fileno()
-    os.set_blocking(fd, False)
-    deadline = time.monotonic() + timeout
-    seen = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if selector.select(left):
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    break
-                seen += chunk
-                if match := _SERVING.search(seen.decode(errors="replace")):
-                    return match.group(1)
-    pytest.fail(f"trioq serve did not start: {seen!r}")
+        served.kill()
 
 
 async def test_a_shutdown_cancel_wrapped_in_a_handlers_nursery_still_releases_the_job(
