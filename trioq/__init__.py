@@ -8,6 +8,7 @@ private.
 
 from ._context import JobContext
 from ._executors import ProcessJobContext
+from ._exports import show_as_public
 from ._model import (
     Backoff,
     InvalidJob,
@@ -47,3 +48,6 @@ __all__ = [
     "WaitTimeout",
     "open_queue",
 ]
+
+show_as_public(__name__, globals())
+del show_as_public

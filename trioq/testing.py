@@ -5,6 +5,7 @@ queue (``trioq.open_queue(..., faults=plan)``); the ``pytest_trioq`` plugin
 wraps it in fixtures. See ``docs/testing.md``.
 """
 
+from ._exports import show_as_public
 from ._faults import FaultPlan, InjectedFailure, Injection, Rule
 from ._model import SimulatedCrash
 from ._testing import assert_all_terminal, crash_points
@@ -18,3 +19,6 @@ __all__ = [
     "assert_all_terminal",
     "crash_points",
 ]
+
+show_as_public(__name__, globals())
+del show_as_public
