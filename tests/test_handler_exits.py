@@ -232,10 +232,18 @@ class _ExitOnSignal:
         raise SystemExit(143)
 
 
+def _exit_once(signum: int, frame: Any) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    raise SystemExit(0)
+
+
 def _signalled_registry(after: Callable[[], None] | None = None) -> trioq.Registry:
     registry = trioq.Registry()
 
-    @registry.task(max_attempts=3, backoff=NO_WAIT)
+    # One attempt: a regression that takes the signal for the job's own exit
+    # must not send it again (the one-shot handler put SIG_DFL back: it would
+    # end the test process).
+    @registry.task(max_attempts=1, backoff=NO_WAIT)
     async def signalled(ctx: trioq.JobContext) -> None:
         try:
             signal.raise_signal(signal.SIGTERM)  # a real signal to this process, landing here
@@ -252,8 +260,10 @@ def _signalled_registry(after: Callable[[], None] | None = None) -> trioq.Regist
         (functools.partial(_exit_on_signal, 143), SystemExit),
         (_ExitOnSignal(), SystemExit),
         (signal.default_int_handler, KeyboardInterrupt),  # SIGTERM routed to Ctrl-C's C handler
+        (lambda *_: sys.exit(0), SystemExit),  # the frame is inside *args
+        (_exit_once, SystemExit),  # puts the default back before it raises
     ],
-    ids=["partial", "callable-object", "default_int_handler"],
+    ids=["partial", "callable-object", "default_int_handler", "varargs-lambda", "one-shot"],
 )
 async def test_a_real_signal_stops_the_queue_whatever_its_handler_is(
     sigterm: Callable[[Any], None], handler: Any, raised: type[BaseException], autojump_clock: trio.testing.MockClock
@@ -356,3 +366,76 @@ class _TrackedExit(SystemExit):
 
 class _Held:
     """Something a handler holds."""
+
+
+async def _in_a_child_whose_cleanup_fails() -> None:
+    async def child() -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        finally:
+            raise RuntimeError("the child's cleanup failed")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(child)
+
+
+async def _exit_130() -> None:
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    except KeyboardInterrupt:
+        sys.exit(130)  # the common CLI idiom
+
+
+async def _reraised_from_none() -> None:
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("interrupted") from None
+
+
+async def _as_a_cause() -> None:
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    except KeyboardInterrupt as interrupt:
+        saved = interrupt
+    raise RuntimeError("stopped") from saved
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [_in_a_child_whose_cleanup_fails, _exit_130, _reraised_from_none, _as_a_cause],
+    ids=["nursery-cleanup-fails", "exit-130", "from-none", "as-a-cause"],
+)
+async def test_a_real_signal_behind_what_the_handler_made_of_it_stops_the_queue(
+    sigterm: Callable[[Any], None], shape: Callable[[], Any], autojump_clock: trio.testing.MockClock
+) -> None:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    sigterm(interrupt)
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1, backoff=NO_WAIT)
+    async def shaped(ctx: trioq.JobContext) -> None:
+        await shape()
+
+    with pytest.raises(KeyboardInterrupt):
+        async with trioq.open_queue(registry, workers=1) as queue:
+            await queue.enqueue("shaped")
+            await trio.sleep(10)
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+async def test_a_thread_or_process_handlers_own_interrupt_fails_its_attempt_with_a_c_handler_installed(
+    sigterm: Callable[[Any], None], kind: str
+) -> None:
+    # With SIGTERM routed to signal.default_int_handler, whose KeyboardInterrupt
+    # comes from no raise instruction, a process handler's own (its traceback
+    # rebuilt from a pickle) once looked like a signal and stopped the queue.
+    sigterm(signal.default_int_handler)
+    registry = trioq.Registry()
+    registry.add(handlers.interrupt if kind == "process" else _interrupt, name="own", kind=kind, max_attempts=1)
+    async with trioq.open_queue(registry, workers=1) as queue:
+        with trio.fail_after(30):
+            done = await queue.wait((await queue.enqueue("own")).id)
+    assert done.state is JobState.DEAD and done.error is not None and done.error.startswith("KeyboardInterrupt")

@@ -8,13 +8,22 @@ real signal to this process, which stops the queue as Ctrl-C should.
 Telling a real signal from a handler's own ``raise``: a signal reaches Python
 code through its handler. trio's SIGINT handler (or a program's own, for
 SIGTERM) raises in whatever code runs when the signal lands, so the frame of a
-Python handler installed now is in the exception's traceback, called with the
-interrupted frame (the traceback's entry before it) as its argument; a handler
-function that a job merely calls has no such argument. A C handler (a program
-routing SIGTERM to ``signal.default_int_handler``) leaves no frame: its
-``KeyboardInterrupt`` then comes out of an instruction that is no ``raise``.
-Threads and trio-parallel's worker processes never run signal handlers (and
-trio-parallel's workers ignore SIGINT), so their exits are always their own.
+Python handler (one installed now, or since the worker pool started) is in the
+exception's traceback, called with the interrupted frame (the traceback's
+entry before it) as an argument (or inside ``*args``); a handler function
+that a job merely calls has no such argument. A C handler (a program routing
+SIGTERM to ``signal.default_int_handler``) leaves no frame: its
+``KeyboardInterrupt`` then comes out of an instruction that is no ``raise``,
+which is only looked at for async handlers (a thread's exception is raised
+again by trio, a process's rebuilt from a pickle). Threads and
+trio-parallel's worker processes never run signal handlers (and
+trio-parallel's workers ignore SIGINT), so their own exits are always their
+own. A signal's exception is looked for in the handler's exception, its
+groups, and behind them in ``__context__`` and ``__cause__``.
+
+Known limits: a job that throws ``KeyboardInterrupt`` into a generator
+(``gen.throw``) while a C handler is installed looks like a signal; a job that
+calls a Python signal handler passing it its own frame looks like one too.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import trio
 
 from ._model import error_text
 
-__all__ = ["DEADLINE", "attempt_error", "raised_by_signal", "without_cancelled"]
+__all__ = ["DEADLINE", "SignalHandlers", "attempt_error", "without_cancelled"]
 
 #: The error marker for "the worker's scope stopped the handler" (deadline or cancel).
 DEADLINE = "<deadline>"
@@ -46,29 +55,32 @@ def without_cancelled(exc: BaseException) -> BaseException | None:
     return exc
 
 
-def attempt_error(exc: BaseException, deadline_hit: bool) -> str:
-    """The error text of an attempt whose handler raised ``exc``; raises ``exc`` if it must go on.
+def attempt_error(exc: BaseException, deadline_hit: bool, kind: str, signals: SignalHandlers) -> str:
+    """The error text of an attempt whose handler raised ``exc``; raises if it must go on instead.
 
     ``deadline_hit``: the attempt's own scope was cancelled (its deadline, or
     a cancel of its job); a ``Cancelled`` alone then gives :data:`DEADLINE`.
-    A ``Cancelled`` from further out (shutdown) and a real signal are raised
-    again; so is an error whose context holds a real signal's exception (the
-    handler's cleanup failed while Ctrl-C unwound it: the Ctrl-C still stops
-    the queue). Everything else is the attempt's error, ``SystemExit`` and
-    ``KeyboardInterrupt`` included, saying what happened.
+    A ``Cancelled`` from further out (shutdown) is raised again. So is a real
+    signal's exception found anywhere in ``exc``: itself, in its groups, or
+    behind it in the ``__context__`` or ``__cause__`` chain (a cleanup that
+    failed while Ctrl-C unwound the handler; ``except KeyboardInterrupt:
+    sys.exit(130)``): the queue stops as Ctrl-C should. Everything else is
+    the attempt's error, ``SystemExit`` and ``KeyboardInterrupt`` included,
+    saying what happened. ``kind`` is the handler's: only an async handler
+    runs where a C signal handler can interrupt it.
     """
     rest = without_cancelled(exc)
     if rest is None:
         if deadline_hit:
             return DEADLINE
         raise exc
+    signalled, on_top = _signal_in(rest, kind, signals)
+    if signalled is not None:
+        if on_top:
+            raise exc
+        raise signalled
     if isinstance(rest, Exception):
-        signalled = _signal_behind(rest)
-        if signalled is not None:
-            raise signalled
         return error_text(rest)
-    if raised_by_signal(rest):
-        raise exc
     return _exit_text(rest)
 
 
@@ -87,46 +99,74 @@ def _exit_text(exc: BaseException) -> str:
     return error_text(exc)
 
 
-def _signal_behind(exc: Exception) -> BaseException | None:
-    """A real signal's exception in the ``__context__`` chain of ``exc``, if there is one."""
-    seen: set[int] = set()
-    context = exc.__context__
-    while context is not None and id(context) not in seen:
-        seen.add(id(context))
-        if not isinstance(context, Exception) and raised_by_signal(context):
-            return context
-        context = context.__context__
-    return None
+#: How many exceptions :func:`_signal_in` looks at, at most (groups, contexts and causes).
+_SEARCH_LIMIT = 256
 
 
-def raised_by_signal(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception in it, for a group) was raised by a signal's handler.
+def _signal_in(exc: BaseException, kind: str, signals: SignalHandlers) -> tuple[BaseException | None, bool]:
+    """A real signal's exception in ``exc``, and whether it is one of ``exc``'s own leaves
+    (not only behind them, in a context or cause chain).
 
-    See the module docstring for how it tells.
+    Only ``BaseException`` s that are not ``Exception`` s are asked (a signal
+    raises ``KeyboardInterrupt`` or, by a program's handler, ``SystemExit``),
+    so the common failure, an ``Exception`` with nothing such behind it,
+    costs a walk and no look at the installed handlers.
     """
-    codes: set[CodeType] = set()
-    c_handler = False
-    for signum in signal.valid_signals():
-        try:
-            installed = signal.getsignal(signum)
-        except (OSError, ValueError):  # a signal number this platform cannot query
+    pending: list[tuple[BaseException, bool]] = [(exc, True)]
+    seen: set[int] = set()
+    while pending and len(seen) < _SEARCH_LIMIT:
+        current, on_top = pending.pop(0)
+        if id(current) in seen:
             continue
-        if installed is signal.default_int_handler:
-            c_handler = True
-        code = _code_of(installed)
-        if code is not None:
-            codes.add(code)
-    pending = [exc]
-    while pending:
-        current = pending.pop()
+        seen.add(id(current))
         if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-            continue
-        if _handler_frame_in(current.__traceback__, codes):
+            pending.extend((leaf, on_top) for leaf in current.exceptions)
+        elif not isinstance(current, Exception) and signals.raised(current, kind):
+            return current, on_top
+        for behind in (current.__context__, current.__cause__):
+            if behind is not None:
+                pending.append((behind, False))
+    return None, False
+
+
+class SignalHandlers:
+    """The signal handlers this process has had since the worker pool started.
+
+    A handler that resets itself before raising (``signal.signal(signum,
+    SIG_DFL)`` and then ``sys.exit()``) is no longer installed when its
+    exception is looked at: the ones seen before are remembered.
+    """
+
+    def __init__(self) -> None:
+        self._codes: set[CodeType] = set()
+        self._look()
+
+    def _look(self) -> bool:
+        """Remember the Python handlers installed now; whether ``signal.default_int_handler`` is one."""
+        c_handler = False
+        for signum in signal.valid_signals():
+            try:
+                installed = signal.getsignal(signum)
+            except (OSError, ValueError):  # a signal number this platform cannot query
+                continue
+            if installed is signal.default_int_handler:
+                c_handler = True
+            code = _code_of(installed)
+            if code is not None:
+                self._codes.add(code)
+        return c_handler
+
+    def raised(self, exc: BaseException, kind: str) -> bool:
+        """Whether ``exc`` (a leaf, not a group) was raised by a signal's handler in this process.
+
+        See the module docstring for how it tells; the C-handler rule applies
+        to async handlers only (a thread's or process's exception is raised
+        again by trio, or rebuilt from a pickle, with no instruction to read).
+        """
+        c_handler = self._look()
+        if _handler_frame_in(exc.__traceback__, self._codes):
             return True
-        if c_handler and isinstance(current, KeyboardInterrupt) and not _raised_by_a_raise(current):
-            return True
-    return False
+        return kind == "async" and c_handler and isinstance(exc, KeyboardInterrupt) and not _raised_by_a_raise(exc)
 
 
 def _code_of(handler: Any) -> CodeType | None:
@@ -154,8 +194,9 @@ def _handler_frame_in(tb: TracebackType | None, codes: set[CodeType]) -> bool:
         frame = tb.tb_frame
         if frame.f_code in codes and previous is not None:
             interrupted = previous.tb_frame
-            if any(value is interrupted for value in frame.f_locals.values()):
-                return True
+            for value in frame.f_locals.values():  # a parameter, or inside *args
+                if value is interrupted or (type(value) is tuple and any(item is interrupted for item in value)):
+                    return True
         previous, tb = tb, tb.tb_next
     return False
 

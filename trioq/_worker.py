@@ -25,7 +25,7 @@ import trio
 
 from ._context import Attempt, JobContext
 from ._executors import ProcessRunner, ThreadRunner
-from ._exits import DEADLINE, attempt_error, without_cancelled
+from ._exits import DEADLINE, SignalHandlers, attempt_error, without_cancelled
 from ._model import Backoff, InvalidJob, Job, JobState, error_text
 from ._registry import Registry, TaskDef
 from .stores._base import Store
@@ -111,6 +111,8 @@ class WorkerPool:
         # Attempts whose job runs again while their body still does (cancelled,
         # shielded, then retried): no longer the job's, still the watcher's.
         self._lingering: set[Attempt] = set()
+        # The signal handlers seen since the pool started (see trioq._exits).
+        self._signals = SignalHandlers()
         # (job id, epoch) of jobs cancelled after their claim, before their
         # attempt started (waiting for a CPU, or for a fault plan's numbering).
         self._cancelled_claims: set[tuple[str, int]] = set()
@@ -189,9 +191,10 @@ class WorkerPool:
     def cancel_attempt(self, job_id: str, epoch: int) -> None:
         """Stop the attempt running ``job_id`` under ``epoch`` (the job was cancelled)."""
         attempt = self._attempts.get(job_id)
-        if attempt is None:
-            # Claimed (the store says running) but not started yet: the worker
-            # holding it checks this before the handler runs.
+        if attempt is None or attempt.job.epoch < epoch:
+            # Claimed (the store says running) but not started yet (an older
+            # attempt of the job may linger): the worker holding the claim
+            # checks this before the handler runs.
             self._cancelled_claims.add((job_id, epoch))
             return
         if attempt.job.epoch != epoch:
@@ -339,7 +342,7 @@ class WorkerPool:
         except BaseException as exc:
             # In a function of its own: a local here holding the exception
             # would keep it, its traceback and this frame in a cycle.
-            return None, attempt_error(exc, scope.cancel_called)
+            return None, attempt_error(exc, scope.cancel_called, task.kind, self._signals)
         finally:
             attempt.in_handler = False
             if scope.deadline != math.inf:
