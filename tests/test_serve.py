@@ -447,6 +447,47 @@ async def test_answers_that_end_the_connection_close_it() -> None:
                     assert headers.get(b"connection") == b"close", (name, headers)
 
 
+async def _read_response(stream: trio.SocketStream, buffered: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One response from ``stream`` (after ``buffered``): its head, headers, and what came after it."""
+    data = buffered
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"closed mid-response after {data!r}"
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    line, headers = _head(head + b"\r\n\r\n")
+    length = int(headers.get(b"content-length", b"0"))
+    while len(rest) < length:
+        chunk = await stream.receive_some(65536)
+        assert chunk, "closed mid-body"
+        rest += chunk
+    return line, headers, rest[length:]
+
+
+async def test_answers_to_requests_without_a_body_keep_the_connection() -> None:
+    # Connection: close was added whenever the answer started before Quart had
+    # seen the end of the request body, which for a request without one was a
+    # race: health checks, 404s and DELETEs closed their connection at random.
+    requests = [
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /nosuchroute HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"DELETE /jobs/nope HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"POST /jobs/nope/retry HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n",
+        b"GET /stats HTTP/1.1\r\nHost: t\r\n\r\n",
+    ]
+    with trio.fail_after(20):
+        async with live_app() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                left = b""
+                for _ in range(20):
+                    for request in requests:
+                        await stream.send_all(request)
+                        line, headers, left = await _read_response(stream, left)
+                        assert headers.get(b"connection") != b"close", (request, line, headers)
+
+
 async def test_the_blueprint_in_a_host_app_closes_connections_too() -> None:
     # Only create_app's app had the connection class that lets hypercorn close:
     # a host app mounting the blueprint left a 401's or 413's connection open.
@@ -512,3 +553,22 @@ def test_trioq_serve_closes_the_connection_after_a_413(server: Server) -> None:
         except TimeoutError:
             pytest.fail(f"trioq serve kept the connection open after {received[:200]!r}")
     assert received.startswith(b"HTTP/1.1 413"), received[:200]
+
+
+def test_the_connection_class_swap_outlives_every_serve_but_the_last() -> None:
+    # Two serve() calls in one process, the first to start leaving first: the
+    # second must keep the contained connection class.
+    from hypercorn.trio import run as hypercorn_run
+
+    from trioq._serve import _connections_contained
+
+    original = hypercorn_run.TCPServer  # type: ignore[attr-defined]
+    first, second = _connections_contained(), _connections_contained()
+    first.__enter__()
+    swapped = hypercorn_run.TCPServer  # type: ignore[attr-defined]
+    assert swapped is not original
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert hypercorn_run.TCPServer is swapped  # type: ignore[attr-defined]
+    second.__exit__(None, None, None)
+    assert hypercorn_run.TCPServer is original  # type: ignore[attr-defined]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -74,34 +76,79 @@ def _connections_contained() -> Iterator[None]:
     raises ``trio.BusyResourceError`` out of ``protocol_send``: one request
     from anyone, token or not, stopped ``trioq serve``. hypercorn offers no
     hook for the connection class, so ``trioq serve`` swaps in a subclass
-    whose ``run`` logs such an error in one line (logger ``trioq.http``; the
-    traceback at DEBUG) and lets the connection go, for as long as it serves. (The socket is closed by the
-    connection's own ``finally``.) If hypercorn moves the class, nothing is
+    whose ``run`` logs such an error (logger ``trioq.http``, at most one line
+    a second; the traceback at DEBUG) and lets the connection go, for as long
+    as any ``serve`` in the process runs (the swap is process-wide: another
+    hypercorn server in the process gets it too). The socket is closed by the
+    connection's own ``finally``. If hypercorn moves the class, nothing is
     swapped and ``tests/test_serve.py`` says so.
     """
     from hypercorn.trio import run as hypercorn_run
-    from hypercorn.trio.tcp_server import TCPServer
 
-    class ContainedTCPServer(TCPServer):
-        async def run(self) -> None:
-            try:
-                await super().run()
-            except Exception as exc:  # one line: a client can cause these at will
-                log = logging.getLogger("trioq.http")
-                leaf: BaseException = exc
-                while isinstance(leaf, BaseExceptionGroup):
-                    leaf = leaf.exceptions[0]
-                log.warning("a connection failed inside hypercorn and was closed: %s", error_text(leaf)[:300])
-                log.debug("the failed connection's traceback", exc_info=exc)
-
-    if getattr(hypercorn_run, "TCPServer", None) is not TCPServer:  # moved (or swapped already): leave it
-        yield
-        return
-    setattr(hypercorn_run, "TCPServer", ContainedTCPServer)  # noqa: B010 - not part of its typed interface
+    global _contained
+    if _contained == 0:
+        if getattr(hypercorn_run, "TCPServer", None) is not _TCPServer:  # moved (or swapped by someone): leave it
+            yield
+            return
+        setattr(hypercorn_run, "TCPServer", _ContainedTCPServer)  # noqa: B010 - not part of its typed interface
+    _contained += 1
     try:
         yield
     finally:
-        setattr(hypercorn_run, "TCPServer", TCPServer)  # noqa: B010
+        _contained -= 1
+        if _contained == 0:
+            setattr(hypercorn_run, "TCPServer", _TCPServer)  # noqa: B010
+
+
+#: How many serve() calls are inside _connections_contained.
+_contained = 0
+
+
+class _ContainedLog:
+    """At most one line a second about failed connections (a client can cause them at will)."""
+
+    def __init__(self) -> None:
+        self.last = -math.inf
+        self.quiet = 0
+
+    def failed(self, exc: BaseException) -> None:
+        log = logging.getLogger("trioq.http")
+        log.debug("a failed connection's traceback", exc_info=exc)
+        now = time.monotonic()
+        if now - self.last < 1.0:
+            self.quiet += 1
+            return
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        more = f" ({self.quiet} more since the last such line)" if self.quiet else ""
+        log.warning("a connection failed inside hypercorn and was closed: %s%s", error_text(leaf)[:300], more)
+        self.last, self.quiet = now, 0
+
+
+_contained_log = _ContainedLog()
+
+try:
+    from hypercorn.trio.tcp_server import TCPServer as _TCPServer
+except ImportError:  # pragma: no cover - hypercorn comes with the http extra, which serve needs
+    _TCPServer = None  # type: ignore[assignment, misc]
+else:
+
+    class _ContainedTCPServer(_TCPServer):
+        """hypercorn's connection, whose errors end it alone (see :func:`_connections_contained`)."""
+
+        async def run(self) -> None:
+            try:
+                await super().run()
+            except BaseException as exc:
+                cancelled, rest = (
+                    exc.split(trio.Cancelled) if isinstance(exc, BaseExceptionGroup) else (None, exc)
+                )
+                if rest is None or isinstance(rest, trio.Cancelled | KeyboardInterrupt | SystemExit):
+                    raise
+                _contained_log.failed(rest)
+                if cancelled is not None:
+                    raise cancelled from None
 
 
 def hypercorn_config(bind: str) -> Config:

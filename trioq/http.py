@@ -40,7 +40,7 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 import trio
@@ -381,7 +381,7 @@ class _HTTPConnection(TrioASGIHTTPConnection):
         if not self.scope.get("path"):
             await _send_json_directly(send, 400, {"error": "the request has no path"})
             return
-        body_done = False
+        body_done = not _has_body(self.scope["headers"])
 
         async def receive_noting_the_end() -> ASGIReceiveEvent:
             nonlocal body_done
@@ -402,6 +402,16 @@ class _HTTPConnection(TrioASGIHTTPConnection):
                 await send(message)
 
         await super().__call__(receive_noting_the_end, send_last_shielded)
+
+
+def _has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a request with these headers has a body to wait for (HTTP/1.1: a
+    ``Transfer-Encoding``, or a ``Content-Length`` other than 0)."""
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"transfer-encoding" or (lowered == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
 
 
 async def _send_json_directly(send: ASGISendCallable, status: int, body: dict[str, Any]) -> None:
