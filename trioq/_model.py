@@ -291,7 +291,9 @@ def _walk_json(value: Any, depth: int) -> None:
     if isinstance(value, dict | list | tuple) and depth > MAX_DEPTH:
         raise _NotJson(f"nests deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
-        for k, v in value.items():
+        # dict.items and list.__iter__, not the value's own: a subclass that
+        # overrides them must show what the encoder reads, its storage.
+        for k, v in dict.items(value):
             if not isinstance(k, str):
                 raise _NotJson(f"has the key {k!r:.60}, a {type(k).__name__}; keys must be strings")
             try:
@@ -301,7 +303,7 @@ def _walk_json(value: Any, depth: int) -> None:
                 raise
         return
     if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
+        for i, v in enumerate(list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)):
             try:
                 _walk_json(v, depth + 1)
             except _NotJson as exc:

@@ -7,7 +7,7 @@ with a fake wall clock and recorded ``on_ready`` / ``on_scheduled`` signals
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -914,3 +914,19 @@ async def test_a_dict_subclass_that_says_it_is_empty_keeps_its_payload(
     # Its len() and bool() once decided that the payload was empty: stored as {}.
     (job,) = await store.add([store_factory.job(payload=_Lying(n=1))])
     assert (await store.get(job.id)).payload == {"n": 1}
+
+
+class _Hiding(dict[object, object]):
+    """Shows a checker different items from what it holds."""
+
+    def items(self) -> Any:
+        return [("a", 1)]
+
+
+async def test_what_a_payload_holds_is_checked_not_what_it_says_it_holds(
+    store: Store, store_factory: StoreFactory
+) -> None:
+    hiding = _Hiding({1: "an int key"})
+    with pytest.raises(InvalidJob, match="keys must be strings"):
+        await store.add([store_factory.job(payload={"inner": hiding})])
+    assert await store.counts() == zero_counts()

@@ -406,8 +406,11 @@ def _repair(
     take it back.
     """
     for path in kept:
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
+        fd = os.open(path, os.O_RDONLY)  # enough to sync (Linux); a read-only segment stays readable
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     fsync_dir(directory)
     if headerless is not None:
         log.warning("trioq WAL: removing %s, a segment whose header was never written", headerless[1])
