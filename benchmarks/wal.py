@@ -30,6 +30,14 @@ under ``tempfile.gettempdir()`` (``/tmp``), removed after use. Sections:
     second ``open_queue`` (recovery done) until ``join()`` returns; the open
     itself (recovery) is timed and reported separately, and a throughput
     including it is given too.
+``pollers``
+    WALStore ``fsync="always"``: 50,000 no-op jobs drained by 100 workers (as
+    ``noop_drain``, without the restart), alone and with 50 poller tasks, each
+    calling ``queue.get()`` of a job finished before the drain every 10 ms (an
+    HTTP client polling ``GET /jobs/<id>``), alternating rounds. The cost is
+    1 - (drain rate with pollers / drain rate alone); the line also gives the
+    group commits of each, since a poll that commits the whole log (as ``get``
+    once did) forces a commit of the workers' lazy successes.
 ``recovery``
     A log of 1,000,000 ADD records (``enqueue_many`` in batches of 10,000 into
     ``WALStore(fsync="never")``, default segment size), built in a subprocess;
@@ -88,7 +96,7 @@ from _common import (
 
 import trioq
 
-SECTIONS = ("submit", "noop_drain", "recovery", "kill9")
+SECTIONS = ("submit", "noop_drain", "pollers", "recovery", "kill9")
 KINDS = ("memory", "wal_never", "wal_always")
 SCRIPT = str(Path(__file__).resolve())
 
@@ -319,6 +327,79 @@ def section_noop_drain(n: int, workers: int, rounds: int) -> None:
         "= time inside enqueue_many in the fill; stores rotate order per round; medians of rounds, ratios of medians"
     )
     emit(line)
+
+
+# ----------------------------------------------------------------- pollers
+
+POLLERS, POLL_EVERY = 50, 0.010
+
+
+async def poll_round(n: int, workers: int, pollers: int) -> dict[str, Any]:
+    with log_dir() as path:
+        store = trioq.WALStore(path, fsync="always")
+        async with trioq.open_queue(REGISTRY, store=store, workers=workers, precise_timers=True) as queue:
+            finished = [job.id for job in await queue.enqueue_many([trioq.JobSpec("noop") for _ in range(pollers)])]
+            await queue.join()
+            await queue.enqueue_many([trioq.JobSpec("noop") for _ in range(n)])  # claimed as they land
+            polls = 0
+            stop = trio.Event()
+
+            async def poller(job_id: str) -> None:
+                nonlocal polls
+                while not stop.is_set():
+                    await queue.get(job_id)
+                    polls += 1
+                    await trio.sleep(POLL_EVERY)
+
+            b0, _ = writer_counts(store)
+            t0 = perf_counter()
+            async with trio.open_nursery() as nursery:
+                for job_id in finished:
+                    nursery.start_soon(poller, job_id)
+                await queue.join()
+                t1 = perf_counter()
+                stop.set()
+            b1, _ = writer_counts(store)
+            done = (await queue.store.counts())["succeeded"]
+    assert done == n + pollers, (done, n)
+    return {"drain_s": t1 - t0, "batches": b1 - b0, "polls": polls}
+
+
+def section_pollers(n: int, workers: int, rounds: int) -> None:
+    results: dict[int, list[dict[str, Any]]] = {0: [], POLLERS: []}
+    for i in range(rounds):
+        for pollers in (0, POLLERS) if i % 2 == 0 else (POLLERS, 0):
+            log(f"pollers round {i + 1}/{rounds}: {n} jobs, {workers} workers, {pollers} pollers")
+            results[pollers].append(run(poll_round, n, workers, pollers))
+    rate = {k: median([n / r["drain_s"] for r in v]) for k, v in results.items()}
+    cost = 1.0 - rate[POLLERS] / rate[0]
+    emit(
+        {
+            "section": "pollers",
+            "metric": "drain_rate_with_pollers",
+            "jobs": n,
+            "workers": workers,
+            "pollers": POLLERS,
+            "poll_every_s": POLL_EVERY,
+            "rounds": rounds,
+            "alone_jobs_per_s": r3(rate[0]),
+            "polled_jobs_per_s": r3(rate[POLLERS]),
+            "cost": r3(cost),
+            "target": "cost <= 0.10",
+            "met": cost <= 0.10,
+            "alone_commits": median([r["batches"] for r in results[0]]),
+            "polled_commits": median([r["batches"] for r in results[POLLERS]]),
+            "polls": median([r["polls"] for r in results[POLLERS]]),
+            "alone_rounds": [r3(n / r["drain_s"]) for r in results[0]],
+            "polled_rounds": [r3(n / r["drain_s"]) for r in results[POLLERS]],
+            "method": (
+                f"WALStore(fsync='always'); {POLLERS} jobs run first; then {n} no-op jobs enqueued (enqueue_many) into "
+                f"open_queue(workers={workers}) and timed from the enqueue's return until join() returns, alone or "
+                f"with {POLLERS} tasks each calling queue.get() of one of the first jobs every {POLL_EVERY}s; "
+                "commits = LogWriter.batches_written during the drain; alternating rounds, medians"
+            ),
+        }
+    )
 
 
 # ---------------------------------------------------------------- recovery
@@ -597,6 +678,8 @@ def main() -> None:
             section_submit(n=400 if quick else 2_000, workers=16, submitters=32, rounds=2 if quick else 3)
         elif name == "noop_drain":
             section_noop_drain(n=10_000 if quick else 100_000, workers=100, rounds=2 if quick else 3)
+        elif name == "pollers":
+            section_pollers(n=5_000 if quick else 50_000, workers=100, rounds=2 if quick else 12)
         elif name == "recovery":
             section_recovery(n=100_000 if quick else 1_000_000, rounds=2 if quick else 3)
         elif name == "kill9":

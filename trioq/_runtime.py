@@ -241,7 +241,7 @@ class Queue:
         await trio.lowlevel.checkpoint()
         job = await self.store.get(job_id)
         if job.state.terminal:
-            await self.store.sync()  # returns at once when nothing is pending
+            await self.store.sync(job_id)  # this job's records: at once when they are durable
         return job
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
@@ -253,9 +253,10 @@ class Queue:
         ``WaitTimeout``) after ``timeout`` seconds (``None`` or ``math.inf``:
         no limit) if the job is not terminal by then. A waiter gets the job's
         terminal snapshot even if the job is evicted right after it finished
-        (a small ``max_retained``). Once the job is terminal, the wait for the
-        log to be synced is not bounded by ``timeout`` (a commit, normally
-        well under a millisecond; a disk that never answers would hold it).
+        (a small ``max_retained``). ``timeout`` bounds the wait for the
+        outcome's record to be durable too (a worker's success joins the
+        log's next commit, within ``LAZY_COMMIT_DELAY``): a terminal job whose
+        outcome is not durable by then is a ``WaitTimeout`` as well.
         """
         if timeout is None:
             deadline = math.inf
@@ -282,12 +283,15 @@ class Queue:
                     raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
                 job = watch.job
             # The table can be ahead of the log: a worker does not wait for
-            # its outcome's record. Whoever waits hears of it once durable.
-            # Not bounded by the timeout: sync() waits for every pending
-            # record, not this job's alone, so a job long durable would time
-            # out whenever others are in flight.
-            await self.store.sync()
-            return job
+            # its outcome's record. Whoever waits hears of it once durable,
+            # within the timeout too: the wait is for this job's records alone,
+            # so a job long durable returns at once whatever else is in flight.
+            with trio.move_on_at(deadline):
+                await self.store.sync(job_id)
+                return job
+            raise WaitTimeout(
+                f"job {job_id} is {job.state.value}, but its outcome was not yet durable after {timeout:g}s"
+            )
         finally:
             watch.waiting -= 1
             if not watch.waiting and self._waiters.get(job_id) is watch:

@@ -83,6 +83,8 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     result: Any = None
     error: str | None = None
     slot: int = 0
+    #: The sequence number of the job's last log record (a store that logs sets it; 0: none since open).
+    logged: int = 0
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -180,6 +182,12 @@ class JobTable:
         """The job holding idempotency key ``key``, if any."""
         job_id = self._keys.get(key)
         return None if job_id is None else self.entry(job_id)
+
+    def logged(self, job_id: str) -> int | None:
+        """The sequence number of ``job_id``'s last log record (0: none this session), or
+        ``None`` for a job the table does not hold (never enqueued, or evicted)."""
+        found = self._jobs.get(job_id) if isinstance(job_id, str) else None
+        return None if found is None else found.logged
 
     def holds_key(self, key: str) -> bool:
         """Whether a retained job holds idempotency key ``key``."""

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -1072,3 +1073,62 @@ async def test_a_requested_checkpoint_over_a_full_segment_starts_one_segment(tmp
         checkpoints = writer.checkpoints
         await store.checkpoint()
         assert (writer._segment, writer.checkpoints) == (first + 1, checkpoints + 1)
+
+
+# ----------------------------------------------------- per-record durability
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval", "never"])
+async def test_syncing_one_job_waits_for_its_records_alone(
+    tmp_path: Path, fsync: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    # get() and wait() of one job once synced the whole log: 20 polls of a job
+    # long durable, with 400 running, forced 16 early commits of the others'
+    # lazy successes.
+    clock = Clock()
+    async with opened(tmp_path / "wal", clock, fsync=fsync) as store:
+        writer = store._writer
+        assert writer is not None
+        (old,) = await store.add([new_job(clock)])
+        done = await claim(store)
+        assert await store.succeed(done.id, done.epoch, "old", durable=False)
+        await store.sync(done.id)  # its lazy success is pending: this commits it
+        assert not writer.busy
+        others = await store.add([new_job(clock, n=i) for i in range(50)])
+        for _ in others:
+            running = await claim(store)
+            assert await store.succeed(running.id, running.epoch, "new", durable=False)
+        commits = writer.batches_written
+        for _ in range(20):
+            await store.sync(old.id)  # durable long ago: no commit
+        await store.sync("no-such-job")  # unknown: every record, as sync() does
+        assert writer.batches_written == commits + 1
+        assert not writer.busy
+        again = await store.add([new_job(clock)])
+        running = await claim(store)
+        assert await store.succeed(running.id, running.epoch, "last", durable=False)
+        assert writer.busy
+        await store.sync(again[0].id)  # its own lazy record: waited for
+        assert not writer.busy
+
+
+async def test_wait_bounds_the_wait_for_the_outcome_to_be_durable(tmp_path: Path) -> None:
+    # Real clock: the lazy commit's 50 ms delay is what is being bounded.
+    registry = trioq.Registry()
+
+    @registry.task
+    async def quick(ctx: trioq.JobContext) -> str:
+        await trio.sleep(0.005)  # after the commit of its ADD: its success waits for the next
+        return "done"
+
+    store = WALStore(tmp_path / "wal", fsync="always")
+    async with trioq.open_queue(registry, store=store, workers=1) as queue:
+        job = await queue.enqueue("quick")
+        with trio.fail_after(10):
+            while (await store.get(job.id)).state is not trioq.JobState.SUCCEEDED:
+                await trio.lowlevel.checkpoint()  # succeeded in the table; its record waits for the lazy commit
+        assert store._writer is not None and store._writer.busy
+        with pytest.raises(trioq.WaitTimeout, match="not yet durable"):
+            await queue.wait(job.id, timeout=0)
+        assert (await queue.wait(job.id, timeout=5)).result == "done"
+        assert (await queue.wait(job.id, timeout=0)).result == "done"  # durable now: at once

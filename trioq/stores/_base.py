@@ -150,8 +150,16 @@ class Store(Protocol):
         """
         ...
 
-    async def sync(self) -> None:
-        """Until every transition applied so far is as durable as the store promises."""
+    async def sync(self, job_id: str | None = None) -> None:
+        """Until every transition applied so far (or, with ``job_id``, every one of that job's)
+        is as durable as the store promises.
+
+        With ``job_id`` a store that logs waits for that job's last record
+        alone: a job whose outcome is durable already returns at once, and
+        other jobs' records waiting for a later commit are left to it. A job
+        the store no longer holds (evicted) waits for every transition. Only
+        waits: it may be cancelled.
+        """
         ...
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:

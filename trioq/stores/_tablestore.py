@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+import trio
+
 from .._model import INT_MAX, INT_MIN, InvalidJob, Job, JobState, QueueFull, SimulatedCrash, name_problem, storable_text
 from .._table import Entry, JobTable, log_result, pack_payload, raw_payload
 from ._base import CancelResult, IdMaker, NewJob, StoreConfig
@@ -89,13 +91,21 @@ class TableStore:
 
     # Hooks ---------------------------------------------------------------
 
-    def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> None:
-        """Log one applied transition (synchronously; no await between apply and this).
+    def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> int:
+        """Log one applied transition (synchronously; no await between apply and this); returns
+        its sequence number (0 for a store that keeps no log), which the job's entry keeps.
 
         ``lazy``: nobody waits for this record yet (a claim, a success the
         worker does not wait for); the log may hold it back for a while, to
         commit it with others (see ``LogWriter.append``).
         """
+        return 0
+
+    async def _durable(self, upto: int | None) -> None:
+        """Until the records up to sequence number ``upto`` (``None``: every record so far) are as
+        durable as the store promises; cancellable (it only waits). The base keeps no log: a
+        schedule point, and nothing for a cancel to cut short."""
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def _flush(self) -> None:
         """Until every record so far is as durable as the store promises.
@@ -136,7 +146,7 @@ class TableStore:
         for entry in table.running():
             epoch = entry.epoch
             table.release(entry.id, epoch)
-            self._record(RELEASE, (entry.id, epoch))
+            entry.logged = self._record(RELEASE, (entry.id, epoch))
 
     # The Store protocol --------------------------------------------------
 
@@ -173,10 +183,11 @@ class TableStore:
             if existing is not None:
                 out.append(table.get(existing))
                 continue
+            entry = table.entry(job_id)
             if logs:
                 fields = (job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, j.run_at, now)
-                record(ADD, fields)
-            job = table.entry(job_id).snapshot(j.payload)
+                entry.logged = record(ADD, fields)
+            job = entry.snapshot(j.payload)
             if job.state is JobState.READY:
                 ready += 1
             else:
@@ -201,7 +212,7 @@ class TableStore:
         if entry is None:
             return None
         if self.logs:
-            self._record(CLAIM, (entry.id,), lazy=True)
+            entry.logged = self._record(CLAIM, (entry.id,), lazy=True)
         return entry.snapshot()  # not flushed: see Store.claim
 
     async def heartbeat(self, job_id: str, epoch: int) -> bool:
@@ -215,13 +226,19 @@ class TableStore:
         if entry is None:
             return False
         if self.logs:
-            self._record(SUCCEED, (entry.id, entry.epoch, log_result(entry.result), now), lazy=not durable)
+            fields = (entry.id, entry.epoch, log_result(entry.result), now)
+            entry.logged = self._record(SUCCEED, fields, lazy=not durable)
         if durable:
             await self._flush()
         return True
 
-    async def sync(self) -> None:
-        await self._flush()
+    async def sync(self, job_id: str | None = None) -> None:
+        if job_id is None:
+            await self._durable(None)
+            return
+        table, _ = self._open()
+        # An evicted job's last record is not known: wait for every record then.
+        await self._durable(table.logged(job_id))
 
     async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
         table, config = self._open()
@@ -231,7 +248,7 @@ class TableStore:
         entry = table.fail(job_id, epoch, error, retry_at, now)
         if entry is None:
             return None
-        self._record(FAIL, (entry.id, entry.epoch, error, retry_at, now))
+        entry.logged = self._record(FAIL, (entry.id, entry.epoch, error, retry_at, now))
         job = entry.snapshot()
         await self._flush()
         self._announce(entry)
@@ -242,7 +259,7 @@ class TableStore:
         entry = table.release(job_id, epoch)
         if entry is None:
             return None
-        self._record(RELEASE, (entry.id, entry.epoch))
+        entry.logged = self._record(RELEASE, (entry.id, entry.epoch))
         job = entry.snapshot()
         await self._flush()
         self._announce(entry)
@@ -257,7 +274,7 @@ class TableStore:
         now = config.clock()
         entry, changed, running_epoch = table.cancel(job_id, now)
         if changed:
-            self._record(CANCEL, (entry.id, now))
+            entry.logged = self._record(CANCEL, (entry.id, now))
         result = CancelResult(entry.snapshot(), changed, running_epoch)
         await self._flush()
         return result
@@ -266,7 +283,7 @@ class TableStore:
         table, config = self._open()
         now = config.clock()
         entry = table.retry(job_id, now)
-        self._record(RETRY, (entry.id, now))
+        entry.logged = self._record(RETRY, (entry.id, now))
         job = entry.snapshot()
         await self._flush()
         self._announce(entry)

@@ -98,12 +98,14 @@ class _Batch:
     next checkpoint instead, as a shield would.
     """
 
-    __slots__ = ("_done", "_waiters", "error")
+    __slots__ = ("_done", "_waiters", "error", "last")
 
     def __init__(self) -> None:
         self._done = False
         self._waiters: list[trio.lowlevel.Task] = []
         self.error: BaseException | None = None
+        #: The sequence number of the batch's last record, once it is taken for a commit.
+        self.last = 0
 
     def is_done(self) -> bool:
         return self._done
@@ -204,6 +206,9 @@ class LogWriter:
         self._lazy_since = 0.0
         self._batch = _Batch()
         self._inflight: _Batch | None = None
+        #: Sequence numbers: of the last record appended, and of the last one committed.
+        self._appended = 0
+        self._committed = 0
         self._wake = trio.Event()
         self._closing = False
         # Batches are numbered on from the log's last one, across sessions,
@@ -238,8 +243,12 @@ class LogWriter:
 
     # ------------------------------------------------------------- callers
 
-    def append(self, data: bytes, *, lazy: bool = False) -> None:
-        """Queue one encoded record for the next group commit.
+    def append(self, data: bytes, *, lazy: bool = False) -> int:
+        """Queue one encoded record for the next group commit; returns its sequence number.
+
+        Sequence numbers count the records appended since the writer was made
+        (1, 2, ...): :meth:`flush` with ``upto`` waits for one record (and the
+        ones before it) rather than for all.
 
         A ``lazy`` record (one nobody waits for yet: a worker's claim or
         success) does not start a commit: it joins the next one, which starts
@@ -254,6 +263,7 @@ class LogWriter:
                 raise type(self._killed)(str(self._killed))
             raise RuntimeError("the WAL writer is closed")
         pending = self._pending
+        self._appended += 1
         if lazy:
             if not pending:
                 self._lazy_only = True
@@ -261,26 +271,34 @@ class LogWriter:
                 if not self._wake.is_set():
                     self._wake.set()  # the writer sets its deadline
             pending.append(data)
-            return
+            return self._appended
         pending.append(data)
         self._lazy_only = False
         if not self._wake.is_set():
             self._wake.set()
+        return self._appended
 
-    async def flush(self, *, cancellable: bool = True) -> None:
-        """Until every record appended so far is committed (written; synced with "always").
+    async def flush(self, *, upto: int | None = None, cancellable: bool = True) -> None:
+        """Until every record appended so far (or up to sequence number ``upto``) is committed
+        (written; synced with "always").
 
-        With ``cancellable=False`` a cancel does not cut the wait short: it is
+        With ``upto`` already committed it returns at once, and a lazy record
+        waiting for a later commit is left to it: asking whether one job's
+        outcome is durable does not commit every other job's. With
+        ``cancellable=False`` a cancel does not cut the wait short: it is
         delivered at the caller's next checkpoint (see :class:`_Batch`).
         """
-        if self._pending:
+        if upto is not None and upto <= self._committed:
+            return
+        inflight = self._inflight
+        if self._pending and (upto is None or inflight is None or upto > inflight.last):
             batch = self._batch
             if self._lazy_only:
                 self._lazy_only = False
                 if not self._wake.is_set():
                     self._wake.set()
-        elif self._inflight is not None:
-            batch = self._inflight
+        elif inflight is not None:
+            batch = inflight
         else:
             return
         await batch.wait(cancellable=cancellable)
@@ -464,6 +482,7 @@ class LogWriter:
         frames, batch = self._pending, self._batch
         self._pending, self._batch = [], _Batch()
         self._lazy_only = False
+        batch.last = self._appended
         self._inflight = batch
         self._batch_no += 1
         start = self._segment_bytes
@@ -496,6 +515,7 @@ class LogWriter:
         self.records_written += len(frames)
         self.batches_written += 1
         self._inflight = None
+        self._committed = batch.last
         batch.set_done()
 
     def _abandon(self, batch: _Batch, exc: BaseException) -> None:
@@ -627,6 +647,7 @@ class LogWriter:
         # the checkpoint holds it, so those records need not be written again.
         stolen, batch = self._pending, self._batch
         self._pending, self._batch = [], _Batch()
+        batch.last = self._appended
         self._inflight = batch
         self._batch_no += 1
         frames = [frame(CHECKPOINT_BEGIN, (len(entries),))]
@@ -648,6 +669,7 @@ class LogWriter:
             self._bytes_per_entry = max(len(body) / len(entries), 16.0)
         self.checkpoints += 1
         self._inflight = None
+        self._committed = batch.last
         batch.set_done()
         return True
 

@@ -147,22 +147,24 @@ class WALStore(TableStore):
             self._table = self._config = None
             lock.release()
 
-    def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> None:
-        self._append(frame(kind, fields), lazy)
+    def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> int:
+        seq = self._append(frame(kind, fields), lazy)
         if self._drops:
             drops = self._drops[:]  # the table appends to this very list
             self._drops.clear()
             for job_id in drops:
                 self._append(frame(DROP, (job_id,)), lazy)
+        return seq
 
-    def _append(self, data: bytes, lazy: bool = False) -> None:
+    def _append(self, data: bytes, lazy: bool = False) -> int:
         """Hand one record to the writer and count it; the armed crash strikes at its record."""
         writer = self._writer
         assert writer is not None
-        writer.append(data, lazy=lazy)
+        seq = writer.append(data, lazy=lazy)
         self.records_appended += 1
         if self._crash_at is not None and self.records_appended >= self._crash_at:
             self._crash()
+        return seq
 
     def _arm_crash(self, after_records: int | None, on_crash: Callable[[SimulatedCrash, int], None]) -> None:
         """Die like ``kill -9`` once ``after_records`` records were appended (``None`` disarms).
@@ -193,9 +195,9 @@ class WALStore(TableStore):
         assert self._writer is not None
         await self._writer.flush(cancellable=False)  # the transition has happened
 
-    async def sync(self) -> None:
+    async def _durable(self, upto: int | None) -> None:
         assert self._writer is not None
-        await self._writer.flush()  # only waits: may be cancelled
+        await self._writer.flush(upto=upto)  # only waits: may be cancelled
 
     def unsynced(self) -> bool:
         """Whether some applied transition is not committed yet (:meth:`sync` would wait): diagnostics."""
