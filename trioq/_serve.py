@@ -141,9 +141,7 @@ else:
             try:
                 await super().run()
             except BaseException as exc:
-                cancelled, rest = (
-                    exc.split(trio.Cancelled) if isinstance(exc, BaseExceptionGroup) else (None, exc)
-                )
+                cancelled, rest = exc.split(trio.Cancelled) if isinstance(exc, BaseExceptionGroup) else (None, exc)
                 if rest is None or isinstance(rest, trio.Cancelled | KeyboardInterrupt | SystemExit):
                     raise
                 _contained_log.failed(rest)
