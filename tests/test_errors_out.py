@@ -14,7 +14,7 @@ import trio.testing
 
 import trioq
 from trioq import JobSpec
-from trioq._runtime import _primary
+from trioq._exits import primary_error
 from trioq.stores.wal import _writer
 
 
@@ -146,6 +146,6 @@ def test_an_error_raised_from_a_ctrl_c_does_not_hide_it() -> None:
     derived.__cause__ = interrupt
     copy = OSError(28, "No space left on device")
     copy.__cause__ = original = OSError(28, "No space left on device")
-    assert _primary(BaseExceptionGroup("", [derived, interrupt]), None) is interrupt
-    assert _primary(BaseExceptionGroup("", [original, copy]), None) is copy  # a copy stands for its cause
+    assert primary_error(BaseExceptionGroup("", [derived, interrupt]), None) is interrupt
+    assert primary_error(BaseExceptionGroup("", [original, copy]), None) is copy  # a copy stands for its cause
     assert not hasattr(copy, "__notes__")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import logging
 import signal
 from types import CodeType, TracebackType
 from typing import Any
@@ -38,10 +39,12 @@ import trio
 
 from ._model import error_text
 
-__all__ = ["DEADLINE", "SignalHandlers", "attempt_error", "without_cancelled"]
+__all__ = ["DEADLINE", "SignalHandlers", "attempt_error", "leaves", "primary_error", "without_cancelled"]
 
 #: The error marker for "the worker's scope stopped the handler" (deadline or cancel).
 DEADLINE = "<deadline>"
+
+_log = logging.getLogger("trioq")
 
 _RAISES = frozenset({dis.opmap["RAISE_VARARGS"], dis.opmap["RERAISE"]})
 
@@ -87,9 +90,8 @@ def attempt_error(exc: BaseException, deadline_hit: bool, kind: str, signals: Si
 def _exit_text(exc: BaseException) -> str:
     """The error of an attempt whose handler raised ``SystemExit``, ``KeyboardInterrupt`` or
     another ``BaseException`` of its own (alone, or the first in a group of its nurseries)."""
-    leaf = exc
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = next((e for e in leaf.exceptions if not isinstance(e, Exception)), leaf.exceptions[0])
+    found = leaves(exc)
+    leaf = next((e for e in found if not isinstance(e, Exception)), found[0] if found else exc)
     if isinstance(leaf, SystemExit):
         # From args, not .code: one unpickled from a worker process has no code.
         code = leaf.args[0] if len(leaf.args) == 1 else leaf.args or None
@@ -211,3 +213,72 @@ def _raised_by_a_raise(exc: BaseException) -> bool:
         tb = tb.tb_next
     code = tb.tb_frame.f_code.co_code
     return 0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] in _RAISES
+
+
+# ------------------------------------------------------ what open_queue raises
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in ``exc`` (itself, or every one nested in its groups) but ``trio.Cancelled``,
+    each once, in order."""
+    found: list[BaseException] = []
+    pending = [exc]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending[:0] = current.exceptions
+        elif not isinstance(current, trio.Cancelled) and all(current is not seen for seen in found):
+            found.append(current)
+    return found
+
+
+def _rank(exc: BaseException, body: set[int]) -> int:
+    """Which error of several comes out of ``open_queue`` (lowest first): a Ctrl-C
+    looks like a Ctrl-C, an exit like an exit, then the body's own error."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 0
+    if isinstance(exc, SystemExit):
+        return 1
+    if not isinstance(exc, Exception):
+        return 2
+    return 3 if id(exc) in body else 4
+
+
+def primary_error(group: BaseExceptionGroup[BaseException], body: BaseException | None) -> BaseException:
+    """The one error ``open_queue`` raises for ``group`` (the group itself if it holds only cancellations).
+
+    When everything in it is the body's (``body``, the exception that left the
+    ``async with`` block), that is raised as it was: a group the body raised on
+    purpose stays a group. Otherwise the group's leaves, less ``trio.Cancelled``
+    and less any error that is the ``__cause__`` of another (a WAL writer's
+    error and its copies raised to each waiter), are ranked by :func:`_rank`,
+    ties going to the first in the group. The others are logged to the
+    ``trioq`` logger with their tracebacks and named in a note on the primary,
+    so nothing is lost and nothing is wrapped.
+    """
+    found = leaves(group)
+    if not found:
+        return group
+    from_body = {id(exc) for exc in leaves(body)} if body is not None else set()
+    if all(id(exc) in from_body for exc in found):
+        assert body is not None
+        if not isinstance(body, BaseExceptionGroup) or body.subgroup(trio.Cancelled) is None:
+            return body
+        return without_cancelled(body) or found[0]
+    # Only copies give way (the same type): a different error raised from a
+    # Ctrl-C must not hide the Ctrl-C.
+    causes = {id(exc.__cause__) for exc in found if type(exc.__cause__) is type(exc)}
+    found = [exc for exc in found if id(exc) not in causes] or found
+    primary = min(found, key=lambda exc: _rank(exc, from_body))
+    others = [exc for exc in found if exc is not primary]
+    for other in others:
+        _log.error(
+            "trioq: %s came out of the queue as it stopped, beside %s (which is raised)",
+            type(other).__qualname__,
+            type(primary).__qualname__,
+            exc_info=other,
+        )
+    if others:
+        named = "; ".join(error_text(exc)[:200] for exc in others)
+        primary.add_note(f"trioq: the queue also stopped with {len(others)} more error(s), logged to 'trioq': {named}")
+    return primary

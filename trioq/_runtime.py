@@ -8,7 +8,6 @@ The queue talks to its store only through the async Store protocol.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._exits import without_cancelled
+from ._exits import primary_error, without_cancelled
 from ._model import (
     INT_MAX,
     INT_MIN,
@@ -27,7 +26,6 @@ from ._model import (
     JobSpec,
     SimulatedCrash,
     TrioqError,
-    error_text,
     is_storable_int,
 )
 from ._registry import Registry
@@ -40,8 +38,6 @@ if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays 
     from ._faults import FaultPlan, FaultSession
 
 __all__ = ["Queue", "WaitTimeout", "open_queue"]
-
-log = logging.getLogger("trioq")
 
 # Scheduled jobs are promoted this long after their run_at: wall-clock run_at
 # converted to trio time and back can round a hair early, and promoting a job
@@ -427,72 +423,6 @@ class Queue:
             await self._pool.wait_drained()
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions in ``exc`` (itself, or every one nested in its groups) but ``trio.Cancelled``,
-    each once, in order."""
-    leaves: list[BaseException] = []
-    pending = [exc]
-    while pending:
-        current = pending.pop(0)
-        if isinstance(current, BaseExceptionGroup):
-            pending[:0] = current.exceptions
-        elif not isinstance(current, trio.Cancelled) and all(current is not seen for seen in leaves):
-            leaves.append(current)
-    return leaves
-
-
-def _rank(exc: BaseException, body: set[int]) -> int:
-    """Which error of several comes out of ``open_queue`` (lowest first): a Ctrl-C
-    looks like a Ctrl-C, an exit like an exit, then the body's own error."""
-    if isinstance(exc, KeyboardInterrupt):
-        return 0
-    if isinstance(exc, SystemExit):
-        return 1
-    if not isinstance(exc, Exception):
-        return 2
-    return 3 if id(exc) in body else 4
-
-
-def _primary(group: BaseExceptionGroup[BaseException], body: BaseException | None) -> BaseException:
-    """The one error to raise for ``group`` (the group itself if it holds only cancellations).
-
-    When everything in it is the body's (``body``, the exception that left the
-    ``async with`` block), that is raised as it was: a group the body raised on
-    purpose stays a group. Otherwise the group's leaves, less ``trio.Cancelled``
-    and less any error that is the ``__cause__`` of another (a WAL writer's
-    error and its copies raised to each waiter), are ranked by :func:`_rank`,
-    ties going to the first in the group. The others are logged to the
-    ``trioq`` logger with their tracebacks and named in a note on the primary,
-    so nothing is lost and nothing is wrapped.
-    """
-    leaves = _leaves(group)
-    if not leaves:
-        return group
-    from_body = {id(exc) for exc in _leaves(body)} if body is not None else set()
-    if all(id(exc) in from_body for exc in leaves):
-        assert body is not None
-        if not isinstance(body, BaseExceptionGroup) or body.subgroup(trio.Cancelled) is None:
-            return body
-        return without_cancelled(body) or leaves[0]
-    # Only copies give way (the same type): a different error raised from a
-    # Ctrl-C must not hide the Ctrl-C.
-    causes = {id(exc.__cause__) for exc in leaves if type(exc.__cause__) is type(exc)}
-    leaves = [exc for exc in leaves if id(exc) not in causes] or leaves
-    primary = min(leaves, key=lambda exc: _rank(exc, from_body))
-    others = [exc for exc in leaves if exc is not primary]
-    for other in others:
-        log.error(
-            "trioq: %s came out of the queue as it stopped, beside %s (which is raised)",
-            type(other).__qualname__,
-            type(primary).__qualname__,
-            exc_info=other,
-        )
-    if others:
-        named = "; ".join(error_text(exc)[:200] for exc in others)
-        primary.add_note(f"trioq: the queue also stopped with {len(others)} more error(s), logged to 'trioq': {named}")
-    return primary
-
-
 @asynccontextmanager
 async def open_queue(
     registry: Registry,
@@ -581,7 +511,7 @@ async def open_queue(
                 graceful = True
             except BaseException as exc:
                 body_error = None if without_cancelled(exc) is None else exc
-                if queue._faults is not None and queue._crash is None and without_cancelled(exc) is not None:
+                if queue._faults is not None and queue._crash is None and body_error is not None:
                     # The body failed first: a crash point reached while the
                     # queue shuts down must not hide that failure.
                     queue._faults.arm_crash(None)
@@ -599,7 +529,7 @@ async def open_queue(
             raise queue._crash from None  # it died: whatever else broke on the way down is moot
         if not isinstance(exc, BaseExceptionGroup):
             raise
-        single = _primary(exc, body_error)
+        single = primary_error(exc, body_error)
         if single is exc:
             raise
         # Re-raise the lone exception as itself, keeping its own cause and

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._builtin import builtin_registry
+from ._exits import leaves
 from ._model import error_text
 from ._registry import Registry
 from ._runtime import open_queue
@@ -118,9 +119,7 @@ class _ContainedLog:
         if now - self.last < 1.0:
             self.quiet += 1
             return
-        leaf: BaseException = exc
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
+        leaf = next(iter(leaves(exc)), exc)
         more = f" ({self.quiet} more since the last such line)" if self.quiet else ""
         log.warning("a connection failed inside hypercorn and was closed: %s%s", error_text(leaf)[:300], more)
         self.last, self.quiet = now, 0
