@@ -116,6 +116,7 @@ def _signal_in(exc: BaseException, kind: str, signals: SignalHandlers) -> tuple[
     """
     pending: list[tuple[BaseException, bool]] = [(exc, True)]
     seen: set[int] = set()
+    c_handler: bool | None = None  # the installed handlers, looked at once, when first needed
     while pending and len(seen) < _SEARCH_LIMIT:
         current, on_top = pending.pop(0)
         if id(current) in seen:
@@ -123,8 +124,11 @@ def _signal_in(exc: BaseException, kind: str, signals: SignalHandlers) -> tuple[
         seen.add(id(current))
         if isinstance(current, BaseExceptionGroup):
             pending.extend((leaf, on_top) for leaf in current.exceptions)
-        elif not isinstance(current, Exception) and signals.raised(current, kind):
-            return current, on_top
+        elif not isinstance(current, Exception):
+            if c_handler is None:
+                c_handler = signals.look()
+            if signals.raised(current, kind, c_handler):
+                return current, on_top
         for behind in (current.__context__, current.__cause__):
             if behind is not None:
                 pending.append((behind, False))
@@ -141,9 +145,9 @@ class SignalHandlers:
 
     def __init__(self) -> None:
         self._codes: set[CodeType] = set()
-        self._look()
+        self.look()
 
-    def _look(self) -> bool:
+    def look(self) -> bool:
         """Remember the Python handlers installed now; whether ``signal.default_int_handler`` is one."""
         c_handler = False
         for signum in signal.valid_signals():
@@ -158,14 +162,14 @@ class SignalHandlers:
                 self._codes.add(code)
         return c_handler
 
-    def raised(self, exc: BaseException, kind: str) -> bool:
+    def raised(self, exc: BaseException, kind: str, c_handler: bool) -> bool:
         """Whether ``exc`` (a leaf, not a group) was raised by a signal's handler in this process.
 
-        See the module docstring for how it tells; the C-handler rule applies
-        to async handlers only (a thread's or process's exception is raised
-        again by trio, or rebuilt from a pickle, with no instruction to read).
+        ``c_handler``: what the last :meth:`look` said. See the module
+        docstring for how it tells; the C-handler rule applies to async
+        handlers only (a thread's or process's exception is raised again by
+        trio, or rebuilt from a pickle, with no instruction to read).
         """
-        c_handler = self._look()
         if _handler_frame_in(exc.__traceback__, self._codes):
             return True
         return kind == "async" and c_handler and isinstance(exc, KeyboardInterrupt) and not _raised_by_a_raise(exc)

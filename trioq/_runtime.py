@@ -352,7 +352,7 @@ class Queue:
             self._pool.cancel_attempt(job_id, outcome.running_epoch)
         if outcome.changed:
             self._totals.cancelled += 1
-            self._outcome(job_id, True)
+            self._outcome()
         return outcome.job
 
     async def retry(self, job_id: str) -> Job:
@@ -373,7 +373,7 @@ class Queue:
         if self._closing:
             raise TrioqError("the queue is shutting down; it accepts no new work")
 
-    def _outcome(self, job_id: str, terminal: bool) -> None:
+    def _outcome(self) -> None:
         """An attempt's outcome was recorded: join() looks again."""
         if self._joiners:
             self._progress.set()  # join() swaps in a fresh event when it looks again

@@ -169,10 +169,14 @@ class JobTable:
 
     def entry(self, job_id: str) -> Entry:
         """The live entry for ``job_id``; raises :class:`~trioq.JobNotFound`."""
-        found = self._jobs.get(job_id) if isinstance(job_id, str) else None
+        found = self._find(job_id)
         if found is None:
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
         return found
+
+    def _find(self, job_id: str) -> Entry | None:
+        """The live entry for ``job_id``, or ``None`` (an id that is not a string names no job)."""
+        return self._jobs.get(job_id) if isinstance(job_id, str) else None
 
     def get(self, job_id: str) -> Job:
         """A snapshot of ``job_id``; raises :class:`~trioq.JobNotFound`."""
@@ -186,7 +190,7 @@ class JobTable:
     def logged(self, job_id: str) -> int | None:
         """The sequence number of ``job_id``'s last log record (0: none this session), or
         ``None`` for a job the table does not hold (never enqueued, or evicted)."""
-        found = self._jobs.get(job_id) if isinstance(job_id, str) else None
+        found = self._find(job_id)
         return None if found is None else found.logged
 
     def holds_key(self, key: str) -> bool:

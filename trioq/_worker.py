@@ -79,8 +79,9 @@ _JOBS_PER_CHECKPOINT = 4
 class WorkerPool:
     """``size`` workers sharing one store, plus the watcher that replaces stuck ones.
 
-    ``clock`` is the wall clock the store uses; ``on_outcome(job_id, terminal)`` is
-    called for every attempt outcome recorded (success, failure, death).
+    ``clock`` is the wall clock the store uses; ``on_outcome()`` is called
+    after every attempt outcome recorded (success, failure, death): how a
+    waiter hears of a terminal job is the store's (``StoreConfig.on_finished``).
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class WorkerPool:
         heartbeat_timeout: float | None,
         clock: Callable[[], float],
         totals: Totals,
-        on_outcome: Callable[[str, bool], None],
+        on_outcome: Callable[[], None],
     ) -> None:
         self.size = size
         self._registry = registry
@@ -210,7 +211,7 @@ class WorkerPool:
         return self._healthy
 
     def stats(self) -> dict[str, int]:
-        busy = sum(1 for attempt in self._live() if not attempt.worker.stuck)
+        busy = len(self._attempts) + len(self._lingering)  # a stuck worker's attempt is in neither
         return {
             "configured": self.size,
             "busy": busy,
@@ -379,10 +380,10 @@ class WorkerPool:
                 if error is DEADLINE:
                     hung = attempt.missed_heartbeat
                     error = attempt.deadline_error()
-                    if error.startswith("AttemptTimeout"):
-                        self._totals.timed_out += 1
-                    else:
+                    if hung:
                         self._totals.hung += 1
+                    else:
+                        self._totals.timed_out += 1
             if error is None:
                 # The worker moves on without waiting for the record to be
                 # durable; the log commits it with others, soon. Whoever is
@@ -394,7 +395,7 @@ class WorkerPool:
                 else:
                     if succeeded:
                         self._totals.succeeded += 1
-                        self._on_outcome(job.id, True)
+                        self._on_outcome()
             if error is not None:
                 await self._fail(job, task, error, at_once=hung)
         finally:
@@ -418,7 +419,7 @@ class WorkerPool:
             self._totals.dead += 1
         else:
             self._totals.retried += 1
-        self._on_outcome(failed.id, failed.state is JobState.DEAD)
+        self._on_outcome()
 
     # -------------------------------------------------------------- watcher
 
