@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 import trio  # noqa: E402
 
 import trioq  # noqa: E402
-from trioq import _wakeups  # noqa: E402
+from trioq._runtime import wakeups as _wakeups  # noqa: E402
 
 perf_counter = time.perf_counter
 
@@ -252,7 +252,7 @@ async def drain_channel(
     """Seconds for ``workers`` :func:`bare_worker` tasks to drain ``receive``.
 
     Timed from spawning the tasks until the nursery exits. ``precise_wakeups``
-    runs trioq's timerfd wake-ups (``trioq._wakeups``, which every open queue
+    runs trioq's timerfd wake-ups (``trioq._runtime.wakeups``, which every open queue
     runs) beside them, so a baseline of sleeping handlers gets the same timers
     trioq's workers get.
     """

@@ -22,7 +22,7 @@ the ratio, the target and whether it was met. Sections:
     bare channel drained by as many tasks with the same sleep; the ideal is
     ``workers / 0.020`` jobs/s. Every queue here runs with
     ``precise_timers=True`` (as ``trioq serve`` does) and the baseline with the
-    same timerfd wake-ups (``trioq._wakeups``), so the ratio is trioq's own
+    same timerfd wake-ups (``trioq._runtime.wakeups``), so the ratio is trioq's own
     cost; the same drain on plain trio (deadlines woken at whole
     milliseconds) is reported beside it as ``plain_trio_*``.
 ``latency``
@@ -257,7 +257,7 @@ def section_sleep_bound(n: int, widths: tuple[int, ...], rounds: int) -> None:
                 "plain_trio_rounds": [r3(x) for x in plain],
                 "method": "as noop_drain (enqueue via workers=0 queue, time open_queue(workers=W) to join()); "
                 "bare channel drained by W tasks with the same sleep, beside the timerfd wake-ups the queue "
-                "runs (precise_timers=True, trioq._wakeups); plain_trio: the same bare drain without them; "
+                "runs (precise_timers=True, trioq._runtime.wakeups); plain_trio: the same bare drain without them; "
                 "alternating, median of rounds",
             }
         )

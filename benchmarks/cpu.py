@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/cpu.py            # 200 jobs x 500,000 rounds at 1, 2, 4, 16 workers: ~2 minutes
     python benchmarks/cpu.py --quick    # 20 jobs x 100,000 rounds: seconds
 
-Each job is the built-in ``cpu`` task (``trioq._builtin.cpu``): chained SHA-256
+Each job is the built-in ``cpu`` task (``trioq._app.builtin.cpu``): chained SHA-256
 ``rounds`` times in a worker process (``kind="process"``, trio-parallel), with
 a heartbeat every 50 ms and ``heartbeat_timeout=2.0``, so the hang machinery
 watches every attempt. For each worker count a fresh queue (a fresh trio run,
@@ -27,7 +27,7 @@ import sys
 from _common import arg_parser, emit, env_line, logger, median, perf_counter, r3, run
 
 import trioq
-from trioq._builtin import cpu
+from trioq._app.builtin import cpu
 
 log = logger("cpu")
 HEARTBEAT_TIMEOUT = 2.0

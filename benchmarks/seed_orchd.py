@@ -7,7 +7,7 @@ Run from the repository root::
     python benchmarks/seed_orchd.py --only throughput
 
 Every measurement is one JSON line on stdout (progress goes to stderr). Each
-measurement starts a fresh server: ``python -m trioq.cli serve`` in a
+measurement starts a fresh server: ``python -m trioq serve`` in a
 subprocess on 127.0.0.1 and a free port, with a temporary ``--wal`` directory
 and ``--fsync always``; it is killed (SIGKILL to its process group) in a
 ``finally`` and the directory removed. Load always comes from a *separate
@@ -16,14 +16,14 @@ process*, never from this one, so the client's CPU is not the server's:
 ``throughput`` (orchd experiment A)
     2,000 ``sim`` jobs of 20 ms at 1/4/16/64 workers (fewer jobs at 1 and 4
     workers to bound the run time; the line says how many), submitted by
-    ``python -m trioq.cli loadgen --batch 50 --clients 8``; its
+    ``python -m trioq loadgen --batch 50 --clients 8``; its
     ``throughput_jobs_s`` (jobs succeeded / time from first submit to the queue
     seen drained; it polls ``/stats`` at half the expected time left, 5 to 500
     ms apart) is the trioq figure. The
     baseline, measured in the same run alternating with trioq, is a bare trio
     memory channel in *this* process, prefilled and drained by as many tasks
     running the same work as ``sim`` (two ``trio.sleep(0.010)`` slices), beside
-    the timerfd wake-ups every open queue runs (``trioq._wakeups``). Medians
+    the timerfd wake-ups every open queue runs (``trioq._runtime.wakeups``). Medians
     of rounds. Target: ratio >= 0.95. orchd: 754 jobs/s (16), 2,830 (64).
 ``retries`` (orchd experiment B)
     2,000 ``sim`` jobs of 20 ms with ``fail_prob`` 0.2 at 64 workers, with
@@ -31,7 +31,7 @@ process*, never from this one, so the client's CPU is not the server's:
     default, 5 attempts, default backoff 0.5 s x 2^n with jitter). ``trioq
     loadgen`` cannot put ``max_attempts`` in a job body, so both arms are driven
     by a child process of this script (``--drive``) that posts ``/jobs/batch``
-    with httpx through ``trioq._loadgen.submit`` and then polls ``/stats`` every
+    with httpx through ``trioq._app.loadgen.submit`` and then polls ``/stats`` every
     20 ms until succeeded + dead covers every job. Completion = succeeded /
     submitted. Target: on >= 99.9%.
 ``hangs`` (orchd experiment C)
@@ -82,7 +82,7 @@ from _common import (
 
 SECTIONS = ("throughput", "retries", "hangs")
 WORK_MS = 20.0
-SIM_SLICE = 0.010  # trioq._builtin.SIM_SLICE: sim sleeps in slices of 10 ms
+SIM_SLICE = 0.010  # trioq._app.builtin.SIM_SLICE: sim sleeps in slices of 10 ms
 ORCHD = {16: 754.0, 64: 2830.0}  # orchd's published throughput (jobs/s), experiment A
 
 log = logger("seed_orchd")
@@ -102,7 +102,7 @@ def server(workers: int, *, heartbeat_timeout: float | None = None, fsync: str =
     """A fresh ``trioq serve`` subprocess on a free port and a temporary WAL; yields its URL."""
     wal = tempfile.mkdtemp(prefix="trioq-seed-")
     port = free_port()
-    command = [sys.executable, "-m", "trioq.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "trioq", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--wal", os.path.join(wal, "wal"), "--fsync", fsync, "--workers", str(workers)]
     command += ["--shutdown-grace", "0.5"]
     if heartbeat_timeout is not None:
@@ -136,8 +136,8 @@ def server(workers: int, *, heartbeat_timeout: float | None = None, fsync: str =
 
 
 def loadgen(url: str, jobs: int, *, batch: int = 50, clients: int = 8, timeout: float = 120.0) -> dict[str, Any]:
-    """``python -m trioq.cli loadgen`` in its own process; its JSON line."""
-    command = [sys.executable, "-m", "trioq.cli", "loadgen", "--url", url, "--jobs", str(jobs)]
+    """``python -m trioq loadgen`` in its own process; its JSON line."""
+    command = [sys.executable, "-m", "trioq", "loadgen", "--url", url, "--jobs", str(jobs)]
     command += ["--batch", str(batch), "--clients", str(clients), "--work-ms", str(WORK_MS)]
     command += ["--timeout", str(timeout)]
     return run_json(command, cwd=ROOT, timeout=timeout + 30.0)
@@ -157,7 +157,7 @@ async def drive_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Submit ``sim`` jobs over HTTP, then poll ``/stats`` until every job is terminal or the bound passes."""
     import httpx
 
-    from trioq._loadgen import LoadResult, fetch_jobs, sim_jobs, submit
+    from trioq._app.loadgen import LoadResult, fetch_jobs, sim_jobs, submit
 
     n = spec["jobs"]
     jobs = sim_jobs(n, spec["work_ms"], spec.get("fail_prob", 0.0), spec.get("hang_prob", 0.0))
@@ -260,11 +260,11 @@ def section_throughput(plan: dict[int, tuple[int, int]]) -> None:
             line["orchd_jobs_per_s"] = ORCHD[workers]
             line["trioq_vs_orchd"] = r3(median(tq) / ORCHD[workers])
         line["method"] = (
-            "fresh `trioq serve` (WAL, fsync always) per round; `python -m trioq.cli loadgen --batch 50 --clients 8` "
+            "fresh `trioq serve` (WAL, fsync always) per round; `python -m trioq loadgen --batch 50 --clients 8` "
             "in a separate process, throughput = its throughput_jobs_s (succeeded / first submit to drained seen, "
             "/stats polled at half the expected time left, 5-500 ms apart, so submit over HTTP and the last poll's "
             "lag are inside); bare: prefilled trio memory channel in the benchmark process drained by W tasks "
-            "each doing sim's 2 x trio.sleep(0.010), beside the timerfd wake-ups every queue runs (trioq._wakeups); "
+            "each doing sim's 2 x trio.sleep(0.010), beside the timerfd wake-ups every queue runs (trioq._runtime.wakeups); "
             "trioq and bare alternate, median of rounds"
         )
         emit(line)

@@ -35,7 +35,7 @@ def test_readme_commands_are_the_contract() -> None:
 @pytest.mark.slow
 def test_trioq_demo_runs_kills_the_server_and_loses_nothing() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "trioq.cli", "demo", "--jobs", "200"],
+        [sys.executable, "-m", "trioq", "demo", "--jobs", "200"],
         capture_output=True,
         text=True,
         timeout=90,

@@ -14,7 +14,7 @@ import trio.testing
 
 import trioq
 from trioq import JobSpec
-from trioq._exits import primary_error
+from trioq._runtime.exits import primary_error
 from trioq.stores.wal import _writer
 
 

@@ -406,7 +406,7 @@ async def test_a_failing_body_is_not_hidden_by_a_crash_during_shutdown(
 
 
 async def test_a_claimed_job_waits_only_for_enqueues_already_in_flight() -> None:
-    from trioq._faults import FaultSession
+    from trioq._testing.faults import FaultSession
 
     session = FaultSession(
         FaultPlan(), registry=registry, heartbeat_timeout=None, store=trioq.MemoryStore(), on_crash=print
@@ -482,7 +482,7 @@ async def test_error_instances_that_copy_cannot_rebuild_are_raised_as_given(
 
 
 def test_a_refused_rule_takes_no_number() -> None:
-    from trioq._faults import FaultSession
+    from trioq._testing.faults import FaultSession
 
     plan = FaultPlan(seed=9)
     session = FaultSession(plan, registry=registry, heartbeat_timeout=None, store=trioq.MemoryStore(), on_crash=print)
@@ -499,7 +499,7 @@ async def test_a_job_cancelled_while_its_worker_waits_for_its_number_never_runs(
 ) -> None:
     # Between its claim and its attempt a worker can wait (for the numbering of
     # a fault plan, for a CPU): a cancel landing there must stop the job too.
-    from trioq._faults import FaultSession
+    from trioq._testing.faults import FaultSession
 
     real_number = FaultSession.number
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import trioq
 from trioq import Backoff, JobSpec, JobState
-from trioq._worker import STUCK_GRACE
+from trioq._runtime.pool import STUCK_GRACE
 
 NO_WAIT = Backoff(base=0.0, jitter=0.0)
 

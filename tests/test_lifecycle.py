@@ -194,7 +194,7 @@ async def test_no_trioq_task_survives_the_block(
 
 async def test_no_trioq_task_survives_the_block_on_the_real_clock(task_tracker: TaskTracker) -> None:
     # On the real clock, precise_timers=True also starts the timer wake-ups'
-    # system task (trioq._wakeups), which the autojump clock never does: it too must be gone.
+    # system task (trioq._runtime.wakeups), which the autojump clock never does: it too must be gone.
     registry = trioq.Registry()
 
     @registry.task
@@ -235,7 +235,7 @@ def test_importing_trioq_loads_neither_pytest_nor_the_http_stack() -> None:
     import subprocess
     import sys
 
-    heavy = "{'pytest', '_pytest', 'quart', 'hypercorn', 'trio.testing', 'trioq._faults'}"
+    heavy = "{'pytest', '_pytest', 'quart', 'hypercorn', 'trio.testing', 'trioq._testing.faults'}"
     code = f"import sys, trioq; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

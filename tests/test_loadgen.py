@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from trioq._loadgen import wait_drained
+from trioq._app.loadgen import wait_drained
 
 
 def _stats_server(jobs: int, rate: float, polls: list[float], *, status: int = 200) -> httpx.MockTransport:

@@ -39,7 +39,7 @@ from schemathesis.checks import (
 
 import trioq
 from trioq._model import INT_MAX, INT_MIN, MAX_NAME_BYTES
-from trioq._openapi import openapi_spec
+from trioq._app.openapi import openapi_spec
 from trioq.http import blueprint, create_app
 
 from .apps import make_registry

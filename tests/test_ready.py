@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trioq._ready import Fifo, ReadyQueue
+from trioq.stores.table.ready import Fifo, ReadyQueue
 
 ops = st.lists(
     st.one_of(

@@ -31,8 +31,8 @@ import trio
 
 import trioq
 import trioq.http
-from trioq._serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
-from trioq.cli import main
+from trioq._app.serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
+from trioq._app.cli import main
 from trioq.http import create_app
 
 from .apps import make_registry
@@ -51,7 +51,7 @@ class Server:
     def __init__(self, wal: Path, *extra: str) -> None:
         self.stderr_path = wal.parent / f"{wal.name}.stderr"
         self.stderr = self.stderr_path.open("ab")
-        command = [sys.executable, "-m", "trioq.cli", "serve", "--wal", str(wal), "--host", "127.0.0.1"]
+        command = [sys.executable, "-m", "trioq", "serve", "--wal", str(wal), "--host", "127.0.0.1"]
         command += ["--port", "0", "--token", TOKEN, "--heartbeat-timeout", "1", *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, env=_env())
         self.banner = ""
@@ -202,7 +202,7 @@ def test_full_queue_answers_503_with_retry_after(client: httpx.Client) -> None:
 
 
 def test_loadgen_prints_one_json_line(server: Server) -> None:
-    command = [sys.executable, "-m", "trioq.cli", "loadgen", "--url", server.url, "--jobs", "50"]
+    command = [sys.executable, "-m", "trioq", "loadgen", "--url", server.url, "--jobs", "50"]
     command += ["--clients", "4", "--batch", "10", "--work-ms", "5", "--token", TOKEN, "--timeout", "20"]
     done = subprocess.run(command, capture_output=True, timeout=30, env=_env())
     assert done.returncode == 0, done.stderr.decode(errors="replace")
@@ -256,7 +256,7 @@ def test_sigterm_exits_0_and_releases_the_running_job(tmp_path: Path) -> None:
 
 
 def test_serve_adds_the_builtin_tasks_to_a_users_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trioq._serve import load_registry
+    from trioq._app.serve import load_registry
 
     (tmp_path / "myapp.py").write_text(
         "import trioq\nregistry = trioq.Registry()\n\n@registry.task\nasync def mine(ctx):\n    return 1\n"
@@ -294,7 +294,7 @@ def test_serve_refuses_an_unusable_token(
     async def record(args: Any) -> None:  # stands in for the server: the test must never block
         served.append(args)
 
-    monkeypatch.setattr("trioq._serve.serve", record)
+    monkeypatch.setattr("trioq._app.serve.serve", record)
     if env is None:
         monkeypatch.delenv("TRIOQ_TOKEN", raising=False)
     else:
@@ -312,7 +312,7 @@ def test_serve_takes_the_token_from_the_flag_else_the_environment(monkeypatch: p
     async def record(args: Any) -> None:
         served.append(args.token)
 
-    monkeypatch.setattr("trioq._serve.serve", record)
+    monkeypatch.setattr("trioq._app.serve.serve", record)
     monkeypatch.delenv("TRIOQ_TOKEN", raising=False)
     assert main(["serve", "--memory"]) == 0
     assert main(["serve", "--memory", "--token", "from-flag"]) == 0
@@ -323,7 +323,7 @@ def test_serve_takes_the_token_from_the_flag_else_the_environment(monkeypatch: p
 
 
 async def test_the_startup_line_says_whether_auth_is_on(capsys: pytest.CaptureFixture[str]) -> None:
-    from trioq.cli import _parser
+    from trioq._app.cli import _parser
 
     for token, said in [(None, AUTH_OFF), ("t0ken", AUTH_ON)]:
         args = _parser().parse_args(["serve", "--memory", "--host", "127.0.0.1", "--port", "0"])
@@ -560,7 +560,7 @@ def test_the_connection_class_swap_outlives_every_serve_but_the_last() -> None:
     # second must keep the contained connection class.
     from hypercorn.trio import run as hypercorn_run
 
-    from trioq._serve import _connections_contained
+    from trioq._app.serve import _connections_contained
 
     original = hypercorn_run.TCPServer  # type: ignore[attr-defined]
     first, second = _connections_contained(), _connections_contained()

@@ -1,4 +1,4 @@
-"""Unit and model-based tests of the pure job state machine, ``trioq._table.JobTable``.
+"""Unit and model-based tests of the pure job state machine, ``trioq.stores.table.jobs.JobTable``.
 
 The first half pins each transition by example; the second half
 (:class:`TableMachine`) drives random sequences of transitions against a small
@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trioq import InvalidJob, Job, JobNotFound, JobState, _table
-from trioq._ready import CHUNK
-from trioq._table import JobTable
+from trioq import InvalidJob, Job, JobNotFound, JobState
+from trioq.stores.table import jobs as _table
+from trioq.stores.table.ready import CHUNK
+from trioq.stores.table.jobs import JobTable
 
 E = TypeVar("E", bound=Exception)
 
@@ -1338,7 +1339,7 @@ def test_a_forgotten_job_leaves_only_a_shell_behind_in_stale_items() -> None:
 
 
 def test_retrying_a_job_again_and_again_keeps_the_retention_queue_bounded() -> None:
-    from trioq._ready import CHUNK
+    from trioq.stores.table.ready import CHUNK
 
     table = JobTable()
     add(table, "a", max_attempts=1)

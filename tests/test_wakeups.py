@@ -1,4 +1,4 @@
-"""The timerfd wake-ups (trioq._wakeups): armed for the next deadline only, one per run, gone after."""
+"""The timerfd wake-ups (trioq._runtime.wakeups): armed for the next deadline only, one per run, gone after."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import trio.lowlevel
 import trio.testing
 
 import trioq
-from trioq import _wakeups
-from trioq._wakeups import Timerfd, _ArmForNextDeadline
+from trioq._runtime import wakeups as _wakeups
+from trioq._runtime.wakeups import Timerfd, _ArmForNextDeadline
 
 linux_only = pytest.mark.skipif(_wakeups._libc is None, reason="timerfd is Linux-only")
 

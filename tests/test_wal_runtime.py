@@ -13,7 +13,7 @@ import trio.testing
 
 import trioq
 from trioq import JobState
-from trioq._table import JobTable
+from trioq.stores.table.jobs import JobTable
 from trioq.stores.wal import _writer
 from trioq.stores.wal._recovery import replay
 

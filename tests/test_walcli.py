@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 import trioq
-from trioq._walcli import inspect_command, verify_command
+from trioq._app.walcli import inspect_command, verify_command
 
 
 async def _make_log(directory: Path) -> None:
@@ -72,7 +72,7 @@ async def test_verify_fails_on_damage_naming_segment_and_offset(
 
 def test_cli_entry_point_exit_codes(tmp_path: Path) -> None:
     missing = subprocess.run(
-        [sys.executable, "-m", "trioq.cli", "wal", "verify", str(tmp_path / "nope")],
+        [sys.executable, "-m", "trioq", "wal", "verify", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -80,7 +80,7 @@ def test_cli_entry_point_exit_codes(tmp_path: Path) -> None:
     )
     assert missing.returncode == 2 and "no WAL directory" in missing.stderr
     empty = subprocess.run(
-        [sys.executable, "-m", "trioq.cli", "wal", "verify", str(tmp_path)],
+        [sys.executable, "-m", "trioq", "wal", "verify", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 
 import trioq
 from trioq import InvalidJob, Job, JobNotFound, JobState, WALCorruption, WALLocked, WALStore
-from trioq._table import JobTable
+from trioq.stores.table.jobs import JobTable
 from trioq.stores import NewJob, StoreConfig
-from trioq.stores._tablestore import ADD, CLAIM
+from trioq.stores.table.store import ADD, CLAIM
 from trioq.stores.wal import _format, _writer
 from trioq.stores.wal._format import HEADER_SIZE, commit_frame, frame, header, list_segments, scan_segment
 from trioq.stores.wal._recovery import replay

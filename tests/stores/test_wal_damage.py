@@ -23,7 +23,7 @@ from test_wal import Clock, crash_copy, new_job, opened, records, segments
 
 import trioq
 from trioq import Job, JobNotFound, JobState, WALCorruption
-from trioq._walcli import verify_command
+from trioq._app.walcli import verify_command
 from trioq.stores.wal._format import COMMIT, HEADER_SIZE, header, segment_name
 from trioq.testing import FaultPlan, SimulatedCrash
 

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 import trioq
-from trioq._walcli import verify_command
+from trioq._app.walcli import verify_command
 from trioq.stores import NewJob, StoreConfig
 
 

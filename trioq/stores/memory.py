@@ -7,9 +7,9 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from .._table import JobTable
+from .table.jobs import JobTable
 from ._base import StoreConfig
-from ._tablestore import TableStore
+from .table.store import TableStore
 
 __all__ = ["MemoryStore"]
 

@@ -35,7 +35,7 @@ import msgspec
 from crc32c import crc32c
 
 from ..._model import TrioqError
-from .._tablestore import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
+from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
 
 __all__ = [
     "ADD",

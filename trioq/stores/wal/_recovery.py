@@ -70,8 +70,8 @@ from typing import Any
 import attrs
 import msgspec
 
-from ..._table import JobTable
-from .._tablestore import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
+from ..table.jobs import JobTable
+from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
 from ._format import (
     CHECKPOINT_BEGIN,
     CHECKPOINT_END,

@@ -12,9 +12,9 @@ from typing import Any
 import trio
 
 from ..._model import SimulatedCrash, TrioqError
-from ..._table import JobTable
+from ..table.jobs import JobTable
 from .._base import StoreConfig
-from .._tablestore import DROP, TableStore
+from ..table.store import DROP, TableStore
 from ._format import frame
 from ._recovery import Recovery, replay
 from ._writer import FSYNC_MODES, LogWriter, virtual_time

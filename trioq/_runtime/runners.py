@@ -32,8 +32,8 @@ from typing import Any
 import attrs
 import trio
 
-from ._context import Attempt, JobContext
-from ._model import Job
+from .._context import Attempt, JobContext
+from .._model import Job
 
 __all__ = ["ProcessJobContext", "ProcessRunner", "ThreadRunner"]
 

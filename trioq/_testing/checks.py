@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ._model import JobState
-from ._runtime import Queue
+from .._model import JobState
+from .._runtime.queue import Queue
 
 __all__ = ["assert_all_terminal", "crash_points"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import trio
 
-from ._loadgen import LoadResult, fetch_jobs, sim_jobs, submit, wait_drained
+from .loadgen import LoadResult, fetch_jobs, sim_jobs, submit, wait_drained
 
 __all__ = ["demo"]
 
@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def _start_server(directory: str, port: int) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "trioq.cli", "serve", "--wal", directory, "--port", str(port),
+        sys.executable, "-m", "trioq", "serve", "--wal", directory, "--port", str(port),
         "--workers", "64", "--heartbeat-timeout", "0.5", "--shutdown-grace", "1",
     ]  # fmt: skip
     # Its own server, on loopback, without a token: not the caller's TRIOQ_TOKEN

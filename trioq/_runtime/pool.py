@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._context import Attempt, JobContext
-from ._executors import ProcessRunner, ThreadRunner
-from ._exits import DEADLINE, SignalHandlers, attempt_error, without_cancelled
-from ._model import Backoff, InvalidJob, Job, JobState, error_text
-from ._registry import Registry, TaskDef
-from .stores._base import Store
+from .._context import Attempt, JobContext
+from .runners import ProcessRunner, ThreadRunner
+from .exits import DEADLINE, SignalHandlers, attempt_error, without_cancelled
+from .._model import Backoff, InvalidJob, Job, JobState, error_text
+from .._registry import Registry, TaskDef
+from ..stores._base import Store
 
 if TYPE_CHECKING:
-    from ._faults import FaultSession
+    from .._testing.faults import FaultSession
 
 __all__ = ["STUCK_GRACE", "Totals", "WorkerPool"]
 
@@ -112,7 +112,7 @@ class WorkerPool:
         # Attempts whose job runs again while their body still does (cancelled,
         # shielded, then retried): no longer the job's, still the watcher's.
         self._lingering: set[Attempt] = set()
-        # The signal handlers seen since the pool started (see trioq._exits).
+        # The signal handlers seen since the pool started (see trioq._runtime.exits).
         self._signals = SignalHandlers()
         # (job id, epoch) of jobs cancelled after their claim, before their
         # attempt started (waiting for a CPU, or for a fault plan's numbering).

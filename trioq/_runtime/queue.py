@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._exits import primary_error, without_cancelled
-from ._model import (
+from .exits import primary_error, without_cancelled
+from .._model import (
     INT_MAX,
     INT_MIN,
     InvalidJob,
@@ -28,14 +28,14 @@ from ._model import (
     TrioqError,
     is_storable_int,
 )
-from ._registry import Registry
-from ._wakeups import precise_wakeups
-from ._worker import Totals, WorkerPool
-from .stores._base import NewJob, Store, StoreConfig
-from .stores.memory import MemoryStore
+from .._registry import Registry
+from .wakeups import precise_wakeups
+from .pool import Totals, WorkerPool
+from ..stores._base import NewJob, Store, StoreConfig
+from ..stores.memory import MemoryStore
 
 if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays nothing for them
-    from ._faults import FaultPlan, FaultSession
+    from .._testing.faults import FaultPlan, FaultSession
 
 __all__ = ["Queue", "WaitTimeout", "open_queue"]
 
@@ -475,7 +475,7 @@ async def open_queue(
     if not isinstance(precise_timers, bool):
         raise TypeError(f"precise_timers must be True or False, got {precise_timers!r}")
     if faults is not None:
-        from ._faults import FaultPlan, FaultSession
+        from .._testing.faults import FaultPlan, FaultSession
     if faults is not None and not isinstance(faults, FaultPlan):
         raise TypeError(f"faults must be a trioq.testing.FaultPlan or None, got {type(faults).__name__}")
     queue = Queue(

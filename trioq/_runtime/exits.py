@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from ._model import error_text
+from .._model import error_text
 
 __all__ = ["DEADLINE", "SignalHandlers", "attempt_error", "leaves", "primary_error", "without_cancelled"]
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._builtin import builtin_registry
-from ._exits import leaves
-from ._model import error_text
-from ._registry import Registry
-from ._runtime import open_queue
-from .stores import MemoryStore, WALStore
+from .builtin import builtin_registry
+from .._runtime.exits import leaves
+from .._model import error_text
+from .._registry import Registry
+from .._runtime.queue import open_queue
+from ..stores import MemoryStore, WALStore
 
 if TYPE_CHECKING:
     from hypercorn.config import Config
@@ -163,7 +163,7 @@ async def serve(args: Any) -> None:
     """Serve until SIGTERM/SIGINT: stop accepting, drain up to the grace, release, exit.
 
     ``args`` is ``trioq serve``'s parsed command line, with ``args.token``
-    already resolved by :func:`trioq.cli.main` (``--token``, else
+    already resolved by :func:`trioq._app.cli.main` (``--token``, else
     ``TRIOQ_TOKEN``; ``None`` serves without authentication). The environment
     is not read here. The startup line says whether authentication is on.
     """

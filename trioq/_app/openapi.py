@@ -12,7 +12,7 @@ import sys
 from functools import cache
 from typing import Any, Final
 
-from ._model import INT_MAX, INT_MIN, MAX_NAME_BYTES, JobState
+from .._model import INT_MAX, INT_MIN, MAX_NAME_BYTES, JobState
 
 __all__ = ["openapi_spec"]
 
@@ -429,7 +429,7 @@ def openapi_spec() -> dict[str, Any]:
     Built on the first call and cached: every call returns the same dict, so
     treat it as read-only (copy it before changing it).
     """
-    from . import __version__  # here, not at import time: trioq.http may be imported while trioq loads
+    from .. import __version__  # here, not at import time: trioq.http may be imported while trioq loads
 
     return {
         "openapi": "3.1.0",

@@ -98,19 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         args.token = _serve_token(args, args.usage_error)
-        from ._serve import serve
+        from .serve import serve
 
         trio.run(serve, args)
         return 0
     if args.command == "loadgen":
-        from ._loadgen import main as loadgen_main
+        from .loadgen import main as loadgen_main
 
         return loadgen_main(args)
     if args.command == "demo":
-        from ._demo import demo
+        from .demo import demo
 
         return demo(args.jobs)
-    from ._walcli import inspect_command, verify_command
+    from .walcli import inspect_command, verify_command
 
     command = verify_command if args.wal_command == "verify" else inspect_command
     return command(args.directory)

@@ -6,9 +6,9 @@ import os
 import sys
 from typing import TextIO
 
-from ._table import JobTable
-from .stores.wal._format import WALCorruption, list_segments
-from .stores.wal._recovery import Recovery, replay
+from ..stores.table.jobs import JobTable
+from ..stores.wal._format import WALCorruption, list_segments
+from ..stores.wal._recovery import Recovery, replay
 
 __all__ = ["inspect_command", "verify_command"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import msgspec
 
-from ._model import INT_MAX, INT_MIN, MAX_VALUE_BYTES, InvalidJob, Job, JobNotFound, JobState, check_json
-from ._ready import CHUNK, Fifo, ReadyQueue
+from ..._model import INT_MAX, INT_MIN, MAX_VALUE_BYTES, InvalidJob, Job, JobNotFound, JobState, check_json
+from .ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
 

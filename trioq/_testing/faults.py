@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from ._model import Job, SimulatedCrash
+from .._model import Job, SimulatedCrash
 
 if TYPE_CHECKING:
-    from ._registry import Registry, TaskDef
+    from .._registry import Registry, TaskDef
 
 __all__ = ["FaultPlan", "FaultSession", "Injection", "InjectedFailure", "Rule"]
 

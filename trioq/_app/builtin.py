@@ -9,9 +9,9 @@ from typing import Any
 
 import trio
 
-from ._context import JobContext
-from ._executors import ProcessJobContext
-from ._registry import Registry
+from .._context import JobContext
+from .._runtime.runners import ProcessJobContext
+from .._registry import Registry
 
 __all__ = ["builtin_registry", "cpu", "sim"]
 

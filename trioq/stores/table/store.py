@@ -18,9 +18,19 @@ from typing import Any
 
 import trio
 
-from .._model import INT_MAX, INT_MIN, InvalidJob, Job, JobState, QueueFull, SimulatedCrash, name_problem, storable_text
-from .._table import Entry, JobTable, log_result, pack_payload, raw_payload
-from ._base import CancelResult, IdMaker, NewJob, StoreConfig
+from ..._model import (
+    INT_MAX,
+    INT_MIN,
+    InvalidJob,
+    Job,
+    JobState,
+    QueueFull,
+    SimulatedCrash,
+    name_problem,
+    storable_text,
+)
+from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
+from .._base import CancelResult, IdMaker, NewJob, StoreConfig
 
 __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEED", "TableStore"]
 

@@ -1,0 +1,1 @@
+"""Testing support (behind :mod:`trioq.testing`): fault plans, the crash-injecting log, checks."""
