@@ -38,8 +38,8 @@ from schemathesis.checks import (
 )
 
 import trioq
-from trioq._model import INT_MAX, INT_MIN, MAX_NAME_BYTES
 from trioq._app.openapi import openapi_spec
+from trioq._model import INT_MAX, INT_MIN, MAX_NAME_BYTES
 from trioq.http import blueprint, create_app
 
 from .apps import make_registry

@@ -31,8 +31,8 @@ import trio
 
 import trioq
 import trioq.http
-from trioq._app.serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
 from trioq._app.cli import main
+from trioq._app.serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
 from trioq.http import create_app
 
 from .apps import make_registry

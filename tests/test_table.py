@@ -18,8 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from trioq import InvalidJob, Job, JobNotFound, JobState
 from trioq.stores.table import jobs as _table
-from trioq.stores.table.ready import CHUNK
 from trioq.stores.table.jobs import JobTable
+from trioq.stores.table.ready import CHUNK
 
 E = TypeVar("E", bound=Exception)
 

@@ -7,7 +7,6 @@ private.
 """
 
 from ._context import JobContext
-from ._runtime.runners import ProcessJobContext
 from ._exports import show_as_public
 from ._model import (
     Backoff,
@@ -22,6 +21,7 @@ from ._model import (
 )
 from ._registry import Registry
 from ._runtime.queue import Queue, WaitTimeout, open_queue
+from ._runtime.runners import ProcessJobContext
 from .stores import MemoryStore, Store, WALCorruption, WALLocked, WALStore
 
 __version__ = "0.1.0"

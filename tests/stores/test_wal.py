@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 
 import trioq
 from trioq import InvalidJob, Job, JobNotFound, JobState, WALCorruption, WALLocked, WALStore
-from trioq.stores.table.jobs import JobTable
 from trioq.stores import NewJob, StoreConfig
+from trioq.stores.table.jobs import JobTable
 from trioq.stores.table.store import ADD, CLAIM
 from trioq.stores.wal import _format, _writer
 from trioq.stores.wal._format import HEADER_SIZE, commit_frame, frame, header, list_segments, scan_segment

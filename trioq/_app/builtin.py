@@ -10,8 +10,8 @@ from typing import Any
 import trio
 
 from .._context import JobContext
-from .._runtime.runners import ProcessJobContext
 from .._registry import Registry
+from .._runtime.runners import ProcessJobContext
 
 __all__ = ["builtin_registry", "cpu", "sim"]
 

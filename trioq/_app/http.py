@@ -55,8 +55,8 @@ from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAll
 from werkzeug.routing import BaseConverter
 
 from .._model import InvalidJob, JobNotFound, JobSpec, QueueFull, TrioqError, UnknownTask
-from .openapi import openapi_spec
 from .._runtime.queue import Queue
+from .openapi import openapi_spec
 
 __all__ = ["blueprint", "create_app"]
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .builtin import builtin_registry
-from .._runtime.exits import leaves
 from .._model import error_text
 from .._registry import Registry
+from .._runtime.exits import leaves
 from .._runtime.queue import open_queue
 from ..stores import MemoryStore, WALStore
+from .builtin import builtin_registry
 
 if TYPE_CHECKING:
     from hypercorn.config import Config

@@ -24,11 +24,11 @@ import attrs
 import trio
 
 from .._context import Attempt, JobContext
-from .runners import ProcessRunner, ThreadRunner
-from .exits import DEADLINE, SignalHandlers, attempt_error, without_cancelled
 from .._model import Backoff, InvalidJob, Job, JobState, error_text
 from .._registry import Registry, TaskDef
 from ..stores._base import Store
+from .exits import DEADLINE, SignalHandlers, attempt_error, without_cancelled
+from .runners import ProcessRunner, ThreadRunner
 
 if TYPE_CHECKING:
     from .._testing.faults import FaultSession

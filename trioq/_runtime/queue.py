@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .exits import primary_error, without_cancelled
 from .._model import (
     INT_MAX,
     INT_MIN,
@@ -29,10 +28,11 @@ from .._model import (
     is_storable_int,
 )
 from .._registry import Registry
-from .wakeups import precise_wakeups
-from .pool import Totals, WorkerPool
 from ..stores._base import NewJob, Store, StoreConfig
 from ..stores.memory import MemoryStore
+from .exits import primary_error, without_cancelled
+from .pool import Totals, WorkerPool
+from .wakeups import precise_wakeups
 
 if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays nothing for them
     from .._testing.faults import FaultPlan, FaultSession

@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from .table.jobs import JobTable
 from ._base import StoreConfig
+from .table.jobs import JobTable
 from .table.store import TableStore
 
 __all__ = ["MemoryStore"]

@@ -29,8 +29,8 @@ from ..._model import (
     name_problem,
     storable_text,
 )
-from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
 from .._base import CancelResult, IdMaker, NewJob, StoreConfig
+from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
 
 __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEED", "TableStore"]
 

@@ -12,8 +12,8 @@ from typing import Any
 import trio
 
 from ..._model import SimulatedCrash, TrioqError
-from ..table.jobs import JobTable
 from .._base import StoreConfig
+from ..table.jobs import JobTable
 from ..table.store import DROP, TableStore
 from ._format import frame
 from ._recovery import Recovery, replay
