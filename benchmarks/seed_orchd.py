@@ -264,7 +264,8 @@ def section_throughput(plan: dict[int, tuple[int, int]]) -> None:
             "in a separate process, throughput = its throughput_jobs_s (succeeded / first submit to drained seen, "
             "/stats polled at half the expected time left, 5-500 ms apart, so submit over HTTP and the last poll's "
             "lag are inside); bare: prefilled trio memory channel in the benchmark process drained by W tasks "
-            "each doing sim's 2 x trio.sleep(0.010), beside the timerfd wake-ups every queue runs (trioq._runtime.wakeups); "
+            "each doing sim's 2 x trio.sleep(0.010), beside the timerfd wake-ups every queue runs "
+            "(trioq._runtime.wakeups); "
             "trioq and bare alternate, median of rounds"
         )
         emit(line)
