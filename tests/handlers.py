@@ -52,3 +52,19 @@ def exit_zero(ctx: Any) -> None:
 
 def interrupt(ctx: Any) -> None:
     raise KeyboardInterrupt
+
+
+def no_retry_in_a_process(ctx: Any) -> None:
+    """Give up for good from a worker process (``trioq.NoRetry`` comes back pickled)."""
+    import trioq
+
+    raise trioq.NoRetry("from a process")
+
+
+def snooze_in_a_process(ctx: Any) -> str:
+    """Snooze the first claim, succeed at the second (``trioq.Snooze`` comes back pickled)."""
+    import trioq
+
+    if ctx.job.epoch == 1:
+        raise trioq.Snooze(0.01)
+    return "ok"

@@ -15,6 +15,7 @@ import trio.testing
 import trioq
 from trioq import JobSpec
 from trioq._runtime.exits import primary_error
+from trioq.stores import ClaimRequest
 from trioq.stores.wal import _writer
 
 
@@ -23,10 +24,10 @@ class _BrokenClaims(trioq.MemoryStore):
 
     broken = False
 
-    async def claim(self) -> trioq.Job | None:
+    async def claim(self, request: ClaimRequest) -> list[trioq.Job]:
         if self.broken:
             raise OSError(errno.EIO, "claim failed: the store is gone")
-        return await super().claim()
+        return await super().claim(request)
 
 
 async def _store_fails_then(store: _BrokenClaims, queue: trioq.Queue) -> None:

@@ -445,6 +445,69 @@ async def test_interval_writer_syncs_nothing_after_the_crash(
         assert (await queue.store.counts())["ready"] == 1  # the unsynced second record is gone
 
 
+async def test_records_waiting_for_their_commit_are_lost_with_the_one_that_crashed(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    plan = FaultPlan().crash(after_records=4)
+    with pytest.raises(SimulatedCrash):
+        async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path), workers=0, faults=plan) as queue:
+            await queue.enqueue("quick")  # record 1: committed
+            # Three ADDs appended in one step: the third crashes before any commit.
+            await queue.enqueue_many([trioq.JobSpec("quick")] * 3)
+    assert plan.records == 4
+    async with trioq.open_queue(blocker, store=trioq.WALStore(tmp_path), workers=0) as queue:
+        assert queue.store.recovery is not None and queue.store.recovery.records == 1  # type: ignore[attr-defined]
+
+
+async def test_the_plan_wraps_the_log_only_while_it_is_applied(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    from trioq._testing.crashlog import CrashLog
+    from trioq.stores.wal._writer import LogWriter
+
+    store = trioq.WALStore(tmp_path)
+    with pytest.raises(trioq.UnknownTask):  # a plan refused leaves the store as it was
+        async with trioq.open_queue(blocker, store=store, faults=FaultPlan().fail("nope")):
+            pass  # pragma: no cover
+    assert "_open_log" not in vars(store)
+    plan = FaultPlan()
+    async with trioq.open_queue(blocker, store=store, workers=0, faults=plan) as queue:
+        assert isinstance(store._writer, CrashLog) and type(store._writer.log) is LogWriter
+        await queue.enqueue("quick")
+    assert plan.records == 1 and "_open_log" not in vars(store)
+    async with trioq.open_queue(blocker, store=store, workers=0):
+        assert type(store._writer) is LogWriter  # the store's own writer, nothing counted
+
+
+async def test_a_cancelled_log_writer_changes_no_file(autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
+    # What the crash relies on: cancelled, the writer stops before its next
+    # write; records it had not committed are lost, their waiters told.
+    from trioq.stores.wal._writer import LogWriter
+
+    writer = LogWriter(
+        str(tmp_path), fsync="always", segment_size=1 << 20, next_segment=1, old_segments=[], export=list, live=int
+    )
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await writer.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run)
+        writer.append(b"committed")
+        await writer.flush()
+        ((path, _),) = writer.segments.values()
+        before = Path(path).read_bytes()  # records, then the zeros padded ahead
+        writer.append(b"lost")  # wakes the writer for a commit...
+        scope.cancel()  # ...that the cancel stops in its scheduling pass
+        with pytest.raises(RuntimeError, match="stopped before these records were committed"):
+            await writer.flush()
+    assert Path(path).read_bytes() == before  # not written, the padding not trimmed
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.append(b"later")
+
+
 async def test_a_checkpoint_is_durable_even_with_fsync_never(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:

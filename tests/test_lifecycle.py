@@ -138,7 +138,7 @@ async def test_a_real_exception_group_from_the_body_is_not_unwrapped() -> None:
 class _BrokenStore(MemoryStore):
     """A store whose claim fails the way a corrupted log would."""
 
-    async def claim(self) -> Any:
+    async def claim(self, request: Any) -> Any:
         raise trioq.TrioqError("the store is broken: inspect it")
 
 

@@ -499,8 +499,9 @@ async def test_job_snapshot_fields_and_to_dict(autojump_clock: trio.testing.Mock
     assert done.finished_at is not None and done.finished_at >= done.created_at
     assert set(data) == {
         "id", "task", "payload", "state", "attempts", "epoch", "priority", "key",
-        "max_attempts", "run_at", "created_at", "finished_at", "result", "error",
+        "max_attempts", "run_at", "created_at", "finished_at", "result", "error", "errors",
     }  # fmt: skip
+    assert data["errors"] == []
 
 
 async def test_producer_only_queue_never_runs_jobs(autojump_clock: trio.testing.MockClock) -> None:

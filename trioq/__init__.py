@@ -10,12 +10,15 @@ from ._context import JobContext
 from ._exports import show_as_public
 from ._model import (
     Backoff,
+    FailedAttempt,
     InvalidJob,
     Job,
     JobNotFound,
     JobSpec,
     JobState,
+    NoRetry,
     QueueFull,
+    Snooze,
     TrioqError,
     UnknownTask,
 )
@@ -28,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backoff",
+    "FailedAttempt",
     "InvalidJob",
     "Job",
     "JobContext",
@@ -35,10 +39,12 @@ __all__ = [
     "JobSpec",
     "JobState",
     "MemoryStore",
+    "NoRetry",
     "ProcessJobContext",
     "Queue",
     "QueueFull",
     "Registry",
+    "Snooze",
     "Store",
     "TrioqError",
     "UnknownTask",

@@ -14,13 +14,15 @@ import attrs
 
 __all__ = [
     "Backoff",
+    "FailedAttempt",
     "InvalidJob",
     "Job",
     "JobNotFound",
     "JobSpec",
     "JobState",
+    "NoRetry",
     "QueueFull",
-    "SimulatedCrash",
+    "Snooze",
     "TrioqError",
     "UnknownTask",
 ]
@@ -54,12 +56,61 @@ class QueueFull(TrioqError):
         self.retry_after = retry_after
 
 
-class SimulatedCrash(TrioqError):
-    """The queue died as if killed with ``kill -9`` (``trioq.testing.FaultPlan.crash``).
+class NoRetry(TrioqError):
+    """Raise in a handler to fail the job for good: it goes ``dead`` now.
 
-    Raised out of ``open_queue`` after a fault plan's crash point: nothing more
-    was written, released or checkpointed. Open the same store again to recover.
+    The attempt counts (``attempts`` grows by one) and the job's ``error`` is
+    ``"NoRetry: <reason>"``. For errors a retry cannot fix: bad input, a
+    missing record. ``@registry.task(no_retry=(ValueError, ...))`` does the
+    same for exception types a handler raises.
     """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Snooze(TrioqError):
+    """Raise in a handler to run the job again after ``seconds``, as if it had not started.
+
+    A snooze is not a failure: ``attempts`` does not grow and it never counts
+    against ``max_attempts``; ``error`` stays as it was. What bounds endless
+    snoozing is :data:`MAX_SNOOZES`: the job snoozed that many times since it
+    was enqueued (or retried) goes ``dead`` at its next snooze, its error
+    saying so. ``seconds`` must be a finite number >= 0 (else the attempt
+    fails with an ``InvalidJob`` error, counted as any failure).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snoozed for {seconds!r}s")
+        self.seconds = seconds
+
+    def __reduce__(self) -> tuple[type[Snooze], tuple[float]]:
+        # From a worker process it comes back pickled: rebuilt from seconds, not the message.
+        return (Snooze, (self.seconds,))
+
+
+#: Snoozes a job may take (since its enqueue or its last retry) before its next one kills it.
+MAX_SNOOZES = 1000
+#: Failed attempts a job keeps in ``Job.errors`` (the most recent ones).
+MAX_ERRORS_KEPT = 10
+
+
+@attrs.frozen
+class FailedAttempt:
+    """One failed attempt of a job, as ``Job.errors`` keeps it.
+
+    ``attempt`` is the attempt's number (1-based), ``error`` its error as
+    ``"Type: message"`` (as ``Job.error``), ``traceback`` the formatted
+    traceback where the failure was an exception in the handler (``None`` for
+    a hang, a timeout, an unknown task), ``finished_at`` wall-clock seconds.
+    Texts are cut at :data:`MAX_ERROR_CHARS`.
+    """
+
+    attempt: int
+    error: str
+    traceback: str | None
+    finished_at: float
 
 
 class JobState(enum.StrEnum):
@@ -144,7 +195,9 @@ class Job:
     since the epoch. ``attempts`` counts attempts that ended (success, error,
     hang, timeout); one cut off by a crash or shutdown is not counted.
     ``epoch`` grows with every claim; only the holder of the current epoch can
-    complete a running job. ``error`` is the last error as ``"Type: message"``.
+    complete a running job. ``error`` is the last error as ``"Type: message"``;
+    ``errors`` holds the last :data:`MAX_ERRORS_KEPT` failed attempts, oldest
+    first (:class:`FailedAttempt`), kept across retries.
     """
 
     id: str
@@ -161,11 +214,13 @@ class Job:
     finished_at: float | None
     result: Any
     error: str | None
+    errors: tuple[FailedAttempt, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The job as a JSON-ready dict (``state`` as its string value)."""
         data = attrs.asdict(self, recurse=False)
         data["state"] = self.state.value
+        data["errors"] = [attrs.asdict(e) for e in self.errors]
         return data
 
 

@@ -29,6 +29,8 @@ class TaskDef:
     timeout: float | None = None
     heartbeat_timeout: float | None = None
     priority: int = 0
+    #: Exception types that fail a job for good (dead at once, no retry).
+    no_retry: tuple[type[BaseException], ...] = ()
     # From the handler's signature, for checking payloads at enqueue time.
     params: frozenset[str] = frozenset()
     required: frozenset[str] = frozenset()
@@ -127,6 +129,7 @@ class Registry:
         timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         priority: int = 0,
+        no_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -141,11 +144,17 @@ class Registry:
         timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         priority: int = 0,
+        no_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> F | Callable[[F], F]:
         """Register a handler; the job name defaults to the function's ``__name__``.
 
-        Raises ``ValueError`` for a duplicate name or a bad option, and
-        ``TypeError`` when the function does not fit its ``kind``.
+        ``no_retry``: exception types (one, or a tuple) after which the job is
+        not tried again: an attempt whose handler raises one (or a subclass,
+        or a group holding only such) goes ``dead`` at once, as with
+        ``raise trioq.NoRetry(...)``; the attempt counts. Raises
+        ``ValueError`` for a duplicate name or a bad option, and
+        ``TypeError`` when the function does not fit its ``kind`` or
+        ``no_retry`` holds something that is not an exception type.
         """
 
         def register(func: F) -> F:
@@ -158,6 +167,7 @@ class Registry:
                 timeout=timeout,
                 heartbeat_timeout=heartbeat_timeout,
                 priority=priority,
+                no_retry=no_retry,
             )
             return func
 
@@ -176,6 +186,7 @@ class Registry:
         timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         priority: int = 0,
+        no_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> TaskDef:
         """Register ``fn`` (the non-decorator form of :meth:`task`); returns its definition."""
         task_name = fn.__name__ if name is None else name
@@ -203,6 +214,7 @@ class Registry:
         _optional_positive("heartbeat_timeout", heartbeat_timeout)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"backoff must be a trioq.Backoff, got {backoff!r}")
+        no_retry_types = _exception_types(no_retry)
         params, required, takes_any = _describe(fn)
         definition = TaskDef(
             name=task_name,
@@ -213,6 +225,7 @@ class Registry:
             timeout=timeout,
             heartbeat_timeout=heartbeat_timeout,
             priority=priority,
+            no_retry=no_retry_types,
             params=params,
             required=required,
             takes_any=takes_any,
@@ -251,3 +264,12 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _exception_types(value: object) -> tuple[type[BaseException], ...]:
+    """``no_retry`` as a tuple of exception types, else ``TypeError`` naming what is wrong."""
+    types = value if isinstance(value, tuple) else (value,)
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise TypeError(f"no_retry must be an exception type or a tuple of them, got {t!r}")
+    return types

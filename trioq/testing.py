@@ -6,8 +6,8 @@ wraps it in fixtures. See ``docs/testing.md``.
 """
 
 from ._exports import show_as_public
-from ._model import SimulatedCrash
 from ._testing.checks import assert_all_terminal, crash_points
+from ._testing.crashlog import SimulatedCrash
 from ._testing.faults import FaultPlan, InjectedFailure, Injection, Rule
 
 __all__ = [

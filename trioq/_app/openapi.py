@@ -140,6 +140,7 @@ def _schemas() -> dict[str, Any]:
             "finished_at",
             "result",
             "error",
+            "errors",
         ],
         "additionalProperties": False,
         "properties": {
@@ -157,6 +158,21 @@ def _schemas() -> dict[str, Any]:
             "finished_at": {"type": ["number", "null"]},
             "result": {"description": "The handler's return value once succeeded (any JSON value)."},
             "error": {"type": ["string", "null"], "description": 'The last error, as "Type: message".'},
+            "errors": {
+                "type": "array",
+                "description": "The last failed attempts, oldest first (at most 10), kept across retries.",
+                "items": {
+                    "type": "object",
+                    "required": ["attempt", "error", "traceback", "finished_at"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "attempt": {"type": "integer", "minimum": 1},
+                        "error": {"type": "string"},
+                        "traceback": {"type": ["string", "null"]},
+                        "finished_at": {"type": "number"},
+                    },
+                },
+            },
         },
     }
     accepted = {

@@ -39,10 +39,7 @@ import trio
 
 from .._model import error_text
 
-__all__ = ["DEADLINE", "SignalHandlers", "attempt_error", "leaves", "primary_error", "without_cancelled"]
-
-#: The error marker for "the worker's scope stopped the handler" (deadline or cancel).
-DEADLINE = "<deadline>"
+__all__ = ["SignalHandlers", "attempt_failure", "failure_text", "leaves", "primary_error", "without_cancelled"]
 
 _log = logging.getLogger("trioq")
 
@@ -58,11 +55,14 @@ def without_cancelled(exc: BaseException) -> BaseException | None:
     return exc
 
 
-def attempt_error(exc: BaseException, deadline_hit: bool, kind: str, signals: SignalHandlers) -> str:
-    """The error text of an attempt whose handler raised ``exc``; raises if it must go on instead.
+def attempt_failure(exc: BaseException, deadline_hit: bool, kind: str, signals: SignalHandlers) -> BaseException | None:
+    """What fails an attempt whose handler raised ``exc``; raises if it must go on instead.
 
     ``deadline_hit``: the attempt's own scope was cancelled (its deadline, or
-    a cancel of its job); a ``Cancelled`` alone then gives :data:`DEADLINE`.
+    a cancel of its job); a ``Cancelled`` alone then gives ``None``: the
+    deadline stopped it. Otherwise the exception that failed the attempt is
+    returned (``exc`` with any ``Cancelled`` taken out of its groups); its
+    text is :func:`failure_text`.
     A ``Cancelled`` from further out (shutdown) is raised again. So is a real
     signal's exception found anywhere in ``exc``: itself, in its groups, or
     behind it in the ``__context__`` or ``__cause__`` chain (a cleanup that
@@ -75,21 +75,25 @@ def attempt_error(exc: BaseException, deadline_hit: bool, kind: str, signals: Si
     rest = without_cancelled(exc)
     if rest is None:
         if deadline_hit:
-            return DEADLINE
+            return None
         raise exc
     signalled, on_top = _signal_in(rest, kind, signals)
     if signalled is not None:
         if on_top:
             raise exc
         raise signalled
-    if isinstance(rest, Exception):
-        return error_text(rest)
-    return _exit_text(rest)
+    return rest
 
 
-def _exit_text(exc: BaseException) -> str:
-    """The error of an attempt whose handler raised ``SystemExit``, ``KeyboardInterrupt`` or
-    another ``BaseException`` of its own (alone, or the first in a group of its nurseries)."""
+def failure_text(exc: BaseException) -> str:
+    """The error text (``"Type: message"``) of an attempt that :func:`attempt_failure` says ``exc`` failed.
+
+    A ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` of
+    the handler's own (alone, or the first in a group of its nurseries) says
+    what the handler did.
+    """
+    if isinstance(exc, Exception):
+        return error_text(exc)
     found = leaves(exc)
     leaf = next((e for e in found if not isinstance(e, Exception)), found[0] if found else exc)
     if isinstance(leaf, SystemExit):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -23,7 +26,6 @@ from .._model import (
     InvalidJob,
     Job,
     JobSpec,
-    SimulatedCrash,
     TrioqError,
     is_storable_int,
 )
@@ -31,7 +33,9 @@ from .._registry import Registry
 from ..stores._base import NewJob, Store, StoreConfig
 from ..stores.memory import MemoryStore
 from .exits import primary_error, without_cancelled
-from .pool import Totals, WorkerPool
+from .maintenance import Maintenance
+from .pool import WorkerPool
+from .totals import Totals
 from .wakeups import precise_wakeups
 
 if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays nothing for them
@@ -39,10 +43,9 @@ if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays 
 
 __all__ = ["Queue", "WaitTimeout", "open_queue"]
 
-# Scheduled jobs are promoted this long after their run_at: wall-clock run_at
-# converted to trio time and back can round a hair early, and promoting a job
-# "almost due" would spin the timer under an autojump clock.
-_TIMER_SLACK = 1e-5
+
+#: Seconds a node's claims stay its own without renewal (a shared store rescues them after).
+_LEASE = 30.0
 
 
 class WaitTimeout(TrioqError, TimeoutError):
@@ -94,11 +97,14 @@ class Queue:
         max_ready: int | None,
         retention: float,
         max_retained: int,
+        poll_interval: float = 1.0,
     ) -> None:
         self.registry = registry
         self.store = store
+        #: This runtime's name in the store: its claims are this node's.
+        self.node = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._max_ready = max_ready
-        self._retention = retention
+        self._poll_interval = poll_interval
         self._offset = time.time() - trio.current_time()
         self._totals = Totals()
         self._pool = WorkerPool(
@@ -109,7 +115,11 @@ class Queue:
             clock=self._clock,
             totals=self._totals,
             on_outcome=self._outcome,
+            node=self.node,
+            lease=_LEASE,
+            poll_interval=poll_interval,
         )
+        self._maintenance = Maintenance(store, offset=self._offset, retention=retention, poll_interval=poll_interval)
         # The jobs wait() calls are waiting for; the store hands each its
         # terminal snapshot as it finishes (StoreConfig.watched, on_finished).
         self._waiters: dict[str, _Watch] = {}
@@ -117,19 +127,19 @@ class Queue:
             clock=self._clock,
             retention=retention,
             max_retained=max_retained,
+            node=self.node,
             on_ready=self._pool.wake,
-            on_scheduled=self._scheduled,
+            on_scheduled=self._maintenance.scheduled,
+            on_cancel=self._pool.cancel_attempt,
             watched=self._waiters,
             on_finished=self._finished,
         )
         self._progress = trio.Event()
         self._joiners = 0
         self._closing = False
-        self._timer_at = math.inf
-        self._timer_scope: trio.CancelScope | None = None
         self._faults: FaultSession | None = None
         self._scope: trio.CancelScope | None = None
-        self._crash: SimulatedCrash | None = None
+        self._crash: BaseException | None = None
 
     # ------------------------------------------------------------ producing
 
@@ -272,12 +282,17 @@ class Queue:
         watch.waiting += 1
         try:
             job = await self.store.get(job_id)
-            if not job.state.terminal:
-                with trio.move_on_at(deadline):
+            while not job.state.terminal:
+                # The store's hint (on_finished) ends the wait; a look every
+                # poll interval hears of an outcome no hint told of.
+                with trio.move_on_at(min(deadline, trio.current_time() + self._poll_interval)):
                     await watch.finished.wait()
-                if watch.job is None:
+                if watch.job is not None:
+                    job = watch.job
+                    break
+                if trio.current_time() >= deadline:
                     raise WaitTimeout(f"job {job_id} is still {job.state.value} after {timeout:g}s")
-                job = watch.job
+                job = await self.store.get(job_id)
             # The table can be ahead of the log: a worker does not wait for
             # its outcome's record. Whoever waits hears of it once durable,
             # within the timeout too: the wait is for this job's records alone,
@@ -310,7 +325,9 @@ class Queue:
                 if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
                     await self.store.sync()  # and every outcome behind that is durable
                     return
-                await progress.wait()
+                # This node's outcomes set the event; another node's are seen by the poll.
+                with trio.move_on_after(self._poll_interval):
+                    await progress.wait()
         finally:
             self._joiners -= 1
 
@@ -348,8 +365,7 @@ class Queue:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         outcome = await self.store.cancel(job_id)  # not a cancel point once applied
-        if outcome.running_epoch is not None:
-            self._pool.cancel_attempt(job_id, outcome.running_epoch)
+        # A running attempt heard of it through the store's on_cancel hint.
         if outcome.changed:
             self._totals.cancelled += 1
             self._outcome()
@@ -385,36 +401,13 @@ class Queue:
             watch.job = job
             watch.finished.set()
 
-    def _die(self, crash: SimulatedCrash) -> None:
+    def _die(self, crash: BaseException) -> None:
         """A simulated crash: stop everything at once; ``open_queue`` raises ``crash``."""
         self._crash = crash
         self._closing = True
         self._pool.cancel()
         if self._scope is not None:
             self._scope.cancel()
-
-    def _scheduled(self, run_at: float) -> None:
-        at = run_at - self._offset + _TIMER_SLACK
-        if at < self._timer_at:
-            self._timer_at = at
-            if self._timer_scope is not None:
-                self._timer_scope.deadline = at
-
-    async def _timer(self) -> None:
-        while True:
-            self._timer_at = math.inf
-            next_run_at = await self.store.promote()
-            if next_run_at is not None:
-                self._timer_at = min(self._timer_at, next_run_at - self._offset + _TIMER_SLACK)
-            with trio.CancelScope(deadline=self._timer_at) as self._timer_scope:
-                await trio.sleep_forever()
-            self._timer_scope = None
-
-    async def _maintain(self) -> None:
-        every = min(max(self._retention / 4, 0.05), 30.0)
-        while True:
-            await trio.sleep(every)
-            await self.store.evict()
 
     async def _drain(self, grace: float) -> None:
         """Stop claiming and give running attempts up to ``grace`` seconds to finish."""
@@ -436,6 +429,7 @@ async def open_queue(
     max_retained: int = 100_000,
     faults: FaultPlan | None = None,
     precise_timers: bool = False,
+    poll_interval: float = 1.0,
 ) -> AsyncIterator[Queue]:
     """Open a queue on ``store`` (a fresh ``MemoryStore`` if ``None``) with ``workers`` workers.
 
@@ -458,6 +452,11 @@ async def open_queue(
     ``trioq serve`` turns it on. It does nothing under a ``MockClock`` or where
     timerfd is missing.
 
+    ``poll_interval``: seconds between looks at the store that no hint
+    prompted (for jobs another process made ready or scheduled, outcomes
+    another node recorded, leases that lapsed); hints make the common case
+    immediate, and the poll bounds how long a lost one delays anything.
+
     ``faults`` applies a :class:`trioq.testing.FaultPlan`: failures, hangs and
     delays in attempts, and a simulated crash, after which
     :class:`trioq.testing.SimulatedCrash` comes out of this block.
@@ -474,6 +473,8 @@ async def open_queue(
         raise ValueError(f"max_ready must be an int >= 1 or None, got {max_ready!r}")
     if not isinstance(precise_timers, bool):
         raise TypeError(f"precise_timers must be True or False, got {precise_timers!r}")
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not poll_interval > 0:
+        raise ValueError(f"poll_interval must be a number of seconds > 0 (math.inf: hints only), got {poll_interval!r}")
     if faults is not None:
         from .._testing.faults import FaultPlan, FaultSession
     if faults is not None and not isinstance(faults, FaultPlan):
@@ -486,6 +487,7 @@ async def open_queue(
         max_ready=max_ready,
         retention=retention,
         max_retained=max_retained,
+        poll_interval=float(poll_interval),
     )
     if faults is not None:
         queue._faults = queue._pool.faults = FaultSession(
@@ -503,8 +505,7 @@ async def open_queue(
                 queue._faults.opened = True
             queue._scope = nursery.cancel_scope
             await nursery.start(queue._pool.run)
-            nursery.start_soon(queue._timer)
-            nursery.start_soon(queue._maintain)
+            nursery.start_soon(queue._maintenance.run)
             graceful = False
             try:
                 yield queue

@@ -8,7 +8,8 @@ which trio happens to run tasks cannot change which attempts get faults, and
 the same seed replays the same faults.
 
 :class:`FaultSession` is a plan applied to one open queue: it numbers the
-queue's jobs, wraps each attempt, and arms a crash on the store.
+queue's jobs, wraps each attempt, and wraps the store's log to count its
+records and crash it (:mod:`trioq._testing.crashlog`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from .._model import Job, SimulatedCrash
+from .._model import Job
+from .crashlog import CrashLog, SimulatedCrash
 
 if TYPE_CHECKING:
     from .._registry import Registry, TaskDef
@@ -295,11 +297,14 @@ def check_hang_allowed(tasks: Iterable[TaskDef], heartbeat_timeout: float | None
 class FaultSession:
     """A plan applied to one open queue (made by ``open_queue``; not public).
 
-    ``store`` must offer ``_arm_crash(after_records, callback)`` for a plan
-    with a crash; the store calls ``callback(exc, record)`` the moment it
-    dies, and this session then calls ``on_crash(exc)`` (the queue's own
-    stop). The store is armed before its session opens, so a crash can strike
-    while it opens.
+    On a store with a log (one with a ``_open_log`` method: ``WALStore``),
+    the session stands in for that method on the store instance until
+    :meth:`close`: the writer each store session opens comes wrapped in a
+    :class:`~trioq._testing.crashlog.CrashLog`, which counts the queue's
+    records and strikes the armed crash. It is in place before the store's
+    session opens, so a crash can strike while it opens. The log calls
+    ``callback(exc, record)`` the moment it dies, and this session then calls
+    ``on_crash(exc)`` (the queue's own stop).
     """
 
     def __init__(
@@ -320,10 +325,19 @@ class FaultSession:
         self._inflight: set[trio.Event] = set()
         #: Set by ``open_queue`` once the store's session is open (its lock held).
         self.opened = False
+        self._crash_at: int | None = None
+        self._log: CrashLog | None = None
+        #: The store's own way to open its writer, while ours stands in for it.
+        self._open_real_log: Callable[..., Any] | None = getattr(store, "_open_log", None)
         for rule in plan.rules:
             self.check(rule)
         if plan.crash_after is not None:
             self.arm_crash(plan.crash_after)
+        # Only once nothing can refuse the plan: close() undoes this.
+        self._shadowed: Any = None  # another session's stand-in on the same store, if any
+        if self._open_real_log is not None:
+            self._shadowed = vars(store).get("_open_log")
+            store._open_log = self._open_log
         plan._sessions.append(self)
 
     def check(self, rule: Rule) -> None:
@@ -337,26 +351,29 @@ class FaultSession:
 
     def check_crash(self) -> None:
         """Refuse a crash this queue's store cannot simulate."""
-        if getattr(self._store, "_arm_crash", None) is None:
+        if self._open_real_log is None:
             raise ValueError(
                 f"FaultPlan.crash() needs a store with a log to recover from (trioq.WALStore); "
                 f"{type(self._store).__name__} has none"
             )
 
     def arm_crash(self, after_records: int | None) -> None:
-        """Arm the store to die after ``after_records`` records (``None``: disarm, if armed by us)."""
-        arm = getattr(self._store, "_arm_crash", None)
-        if after_records is None:
-            if arm is not None and getattr(self._store, "_on_crash", None) == self._crashed:
-                arm(None, self._crashed)
-            return
-        self.check_crash()
-        assert arm is not None
-        arm(after_records, self._crashed)
+        """Arm the log to die after ``after_records`` records, counted from the open (``None``: disarm)."""
+        if after_records is not None:
+            self.check_crash()
+        self._crash_at = after_records
+        if self._log is not None:
+            self._log.crash_at = after_records
+
+    def _open_log(self, *args: Any, **kwargs: Any) -> CrashLog:
+        """The store's ``_open_log``, its writer wrapped; the crash armed now is the log's."""
+        assert self._open_real_log is not None
+        self._log = CrashLog(self._open_real_log(*args, **kwargs), crash_at=self._crash_at, on_crash=self._crashed)
+        return self._log
 
     def _crashed(self, exc: SimulatedCrash, record: int) -> None:
         plan = self.plan
-        plan._crash_after = None
+        plan._crash_after = self._crash_at = None
         for session in plan._sessions:
             if session is not self:
                 session.arm_crash(None)
@@ -364,12 +381,18 @@ class FaultSession:
         self._on_crash(exc)
 
     def close(self) -> None:
-        """Detach from the plan (the queue closed); note how many records it wrote."""
+        """Detach from the plan and the store (the queue closed); note how many records it wrote."""
         if self in self.plan._sessions:
             self.plan._sessions.remove(self)
         self.arm_crash(None)
-        if self.opened and hasattr(self._store, "records_appended"):
-            self.plan.records = self._store.records_appended
+        store = self._store
+        if self._open_real_log is not None and vars(store).get("_open_log") == self._open_log:
+            if self._shadowed is None:
+                del store._open_log
+            else:
+                store._open_log = self._shadowed
+        if self.opened and self._log is not None:
+            self.plan.records = self._log.records
 
     # ---------------------------------------------------------- numbering
 

@@ -1,11 +1,39 @@
-"""Job stores: the :class:`Store` protocol and its implementations."""
+"""Job stores: the :class:`Store` protocol, its types, and its implementations."""
 
 from .._exports import show_as_public
-from ._base import IdMaker, NewJob, Store, StoreConfig
+from ._base import (
+    CancelResult,
+    ClaimRequest,
+    Failed,
+    IdMaker,
+    NewJob,
+    Outcome,
+    Released,
+    Snoozed,
+    Store,
+    StoreConfig,
+    Succeeded,
+)
 from .memory import MemoryStore
 from .wal import WALCorruption, WALLocked, WALStore
 
-__all__ = ["IdMaker", "MemoryStore", "NewJob", "Store", "StoreConfig", "WALCorruption", "WALLocked", "WALStore"]
+__all__ = [
+    "CancelResult",
+    "ClaimRequest",
+    "Failed",
+    "IdMaker",
+    "MemoryStore",
+    "NewJob",
+    "Outcome",
+    "Released",
+    "Snoozed",
+    "Store",
+    "StoreConfig",
+    "Succeeded",
+    "WALCorruption",
+    "WALLocked",
+    "WALStore",
+]
 
 show_as_public(__name__, globals())
 del show_as_public

@@ -2,8 +2,8 @@
 
 The runtime talks to a store only through these async methods, and never
 assumes the store lives in its own process: a later PostgreSQL store
-implements the same calls in SQL. Every store passes the conformance suite in
-``tests/stores/``.
+implements the same calls in SQL. Every store passes the conformance suite,
+:mod:`trioq.stores.conformance`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,26 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Collection, Container, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 import msgspec
 
 from .._model import Job, JobState
 
-__all__ = ["CancelResult", "IdMaker", "NewJob", "Store", "StoreConfig"]
+__all__ = [
+    "CancelResult",
+    "ClaimRequest",
+    "Failed",
+    "IdMaker",
+    "NewJob",
+    "Outcome",
+    "Released",
+    "Snoozed",
+    "Store",
+    "StoreConfig",
+    "Succeeded",
+]
 
 
 class NewJob(msgspec.Struct, frozen=True, gc=False):
@@ -39,12 +51,80 @@ class NewJob(msgspec.Struct, frozen=True, gc=False):
 
 @attrs.frozen
 class CancelResult:
-    """What :meth:`Store.cancel` did: the job now, whether it changed, and the
-    epoch of the attempt that was running (to stop it), if one was."""
+    """What :meth:`Store.cancel` did: the job now, and whether it changed.
+
+    A running job's attempt hears of its cancel through
+    ``StoreConfig.on_cancel`` (the store's hint), and, were that hint lost,
+    through :meth:`Store.extend` answering ``False`` for it.
+    """
 
     job: Job
     changed: bool
-    running_epoch: int | None = None
+
+
+class ClaimRequest(msgspec.Struct, frozen=True, gc=False):
+    """What :meth:`Store.claim` is asked for: up to ``limit`` jobs for node ``node``.
+
+    ``lease`` is how long, in seconds of the store's clock, the claims stay
+    this node's without :meth:`Store.extend`; a shared store's
+    :meth:`Store.rescue` puts back the running jobs of a node whose lease
+    lapsed. ``queues``: the named queues to claim from (``None``: all of them).
+    """
+
+    node: str
+    limit: int
+    lease: float = 30.0
+    queues: tuple[str, ...] | None = None
+
+
+class Succeeded(msgspec.Struct, frozen=True, gc=False):
+    """The attempt of ``job_id`` under ``epoch`` returned ``result``: the job succeeded.
+
+    A result the store cannot hold (not JSON, too large, nested too deep)
+    fails the job without retry instead, its error the ``InvalidJob`` saying
+    why: such an attempt will never succeed.
+    """
+
+    job_id: str
+    epoch: int
+    result: Any = None
+
+
+class Failed(msgspec.Struct, frozen=True, gc=False):
+    """The attempt failed with ``error`` (``"Type: message"``; ``traceback`` where it was an exception).
+
+    ``retry_in``: run again after that many seconds (the store applies it on
+    its own clock; the job is dead instead once its attempts reach
+    ``max_attempts``), or ``None``: no retry, dead now (``trioq.NoRetry``,
+    an exception type in the task's ``no_retry``, an unstorable result).
+    The attempt counts either way. Error texts are taken as they are; the
+    store keeps them storable (``storable_text``).
+    """
+
+    job_id: str
+    epoch: int
+    error: str
+    retry_in: float | None
+    traceback: str | None = None
+
+
+class Released(msgspec.Struct, frozen=True, gc=False):
+    """The attempt was cut off (shutdown, a lost worker): the job goes back to ``ready``, uncounted."""
+
+    job_id: str
+    epoch: int
+
+
+class Snoozed(msgspec.Struct, frozen=True, gc=False):
+    """The handler raised ``trioq.Snooze``: run the job again after ``delay`` seconds, uncounted."""
+
+    job_id: str
+    epoch: int
+    delay: float
+
+
+#: What became of one attempt, fenced by ``(job_id, epoch)``: see :meth:`Store.complete`.
+Outcome: TypeAlias = Succeeded | Failed | Released | Snoozed
 
 
 @attrs.frozen
@@ -52,23 +132,30 @@ class StoreConfig:
     """What the runtime hands a store when it opens it.
 
     ``clock`` returns wall-clock seconds (the runtime derives it from
-    ``trio.current_time()`` so a mock clock drives it). ``on_ready(n)`` is the
-    wake-up signal: the store calls it whenever ``n`` jobs may have become
-    claimable. ``on_scheduled(run_at)`` tells the runtime's timer that a job
-    was scheduled for ``run_at`` so it can wake in time.
+    ``trio.current_time()`` so a mock clock drives it). ``node`` names this
+    runtime: its claims are this node's, and a session releases only this
+    node's running jobs when it ends.
 
-    ``watched`` holds the ids of jobs someone waits for (it may change at any
-    moment); ``on_finished(job)`` gets the terminal snapshot of each watched
-    job as it becomes terminal (success, death, cancel), whoever made it so,
-    called synchronously inside the transition, before anything (the
-    ``max_retained`` bound) can evict the job. It must not call the store.
+    The hints (any of them may come from another process, late, or not at
+    all; the runtime polls as well): ``on_ready(n)``: ``n`` jobs may have
+    become claimable. ``on_scheduled(run_at)``: a job was scheduled for
+    ``run_at``, so the runtime's timer can wake in time. ``on_cancel(job_id,
+    epoch)``: the running job ``job_id`` was cancelled, so the attempt under
+    ``epoch`` should stop. ``on_finished(job)``: the terminal snapshot of each
+    job in ``watched`` (ids someone waits for; the set may change at any
+    moment) as it becomes terminal (success, death, cancel), whoever made it
+    so; an in-process store calls it inside the transition, before anything
+    (the ``max_retained`` bound) can evict the job. Hints must not call the
+    store.
     """
 
     clock: Callable[[], float]
     retention: float = 3600.0
     max_retained: int = 100_000
+    node: str = "local"
     on_ready: Callable[[int], None] = lambda n: None
     on_scheduled: Callable[[float], None] = lambda run_at: None
+    on_cancel: Callable[[str, int], None] = lambda job_id, epoch: None
     watched: Container[str] = ()
     on_finished: Callable[[Job], None] = lambda job: None
 
@@ -93,10 +180,10 @@ class IdMaker:
 class Store(Protocol):
     """The async protocol every job store implements.
 
-    Epoch rules: :meth:`claim` returns the job under a new epoch; :meth:`succeed`,
-    :meth:`fail`, :meth:`release` and :meth:`heartbeat` name that epoch and are
-    refused (``False`` / ``None``) once it is stale, so an attempt that lost its
-    job can never complete it.
+    Epoch rules: :meth:`claim` returns each job under a new epoch; the outcomes
+    of :meth:`complete` and the pairs of :meth:`extend` name that epoch and are
+    refused once it is stale, so an attempt that lost its job can never
+    complete it.
 
     Cancellation: a method that changes jobs is not a cancel point once it has
     changed them. A cancel that arrives while it waits for its record to be
@@ -104,6 +191,10 @@ class Store(Protocol):
     never misses a transition that happened (nor the follow-up work, such as
     waking workers). :meth:`sync` only waits, and may be cancelled.
     """
+
+    #: Whether the runtime gathers outcomes into batches for :meth:`complete` (a store whose every
+    #: call is a round trip) instead of completing each attempt inline (an in-process store).
+    batch_outcomes: bool
 
     def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:
         """Open the store for one queue; leaving the block closes it."""
@@ -124,30 +215,43 @@ class Store(Protocol):
         """
         ...
 
-    async def claim(self) -> Job | None:
-        """Claim the best ready job (running, new epoch), or ``None`` if none is ready.
+    async def claim(self, request: ClaimRequest) -> list[Job]:
+        """Claim up to ``request.limit`` of the best ready jobs for ``request.node``.
 
-        A claim need not be durable when it returns: after a crash, recovery
-        puts running jobs back to ready anyway, so a lost claim record changes
-        nothing a caller could see (any later durable record makes it durable
-        too, since logs keep order).
+        Each comes back ``running`` under a new epoch, in the order they
+        should run (priority, then ``run_at``, then enqueue order); fewer (or
+        none) when fewer are ready. A claim need not be durable when it
+        returns: after a crash, recovery puts running jobs back to ready
+        anyway, so a lost claim record changes nothing a caller could see.
         """
         ...
 
-    async def heartbeat(self, job_id: str, epoch: int) -> bool:
-        """Whether ``epoch`` still owns the running job ``job_id``."""
+    async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
+        """Renew ``node``'s lease on the running jobs ``held`` (``(job_id, epoch)`` pairs) for ``lease`` seconds.
+
+        Returns, for each, whether that epoch still holds the job: ``False``
+        once it was cancelled, rescued, or finished by anyone. An in-process
+        store, whose only node is its runtime, keeps no lease and only
+        answers.
+        """
         ...
 
-    async def succeed(self, job_id: str, epoch: int, result: Any, *, durable: bool = True) -> bool:
-        """Record success; ``False`` (and nothing changes) if the epoch is stale.
+    async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
+        """Apply each outcome of ``outcomes`` under its epoch, in order.
 
-        Returns a flag, not a snapshot: this is the hottest call of a drain, and
-        the caller knows the outcome already. Raises
-        :class:`~trioq.InvalidJob`, changing nothing, for a result the store
-        cannot hold (the caller then fails the attempt with that error). With ``durable=False`` it may
-        return before the record is durable; call :meth:`sync` before telling
-        anyone the job succeeded.
+        Returns, for each, the state the job is in now, or ``None`` when the
+        outcome was refused (its epoch is stale: the job was cancelled,
+        rescued or completed already) and nothing changed. Never fails on an
+        outcome's content: an unstorable result fails its job without retry,
+        an error text is kept made storable. Need not be durable when it
+        returns (the log commits the records with its next batch); whoever
+        reports an outcome calls :meth:`sync` first.
         """
+        ...
+
+    async def rescue(self) -> int:
+        """Put back to ``ready`` (uncounted, under a new epoch at the next claim) every running job whose
+        node's lease lapsed; returns how many. A store with one node has nothing to rescue (0)."""
         ...
 
     async def sync(self, job_id: str | None = None) -> None:
@@ -160,19 +264,6 @@ class Store(Protocol):
         the store no longer holds (evicted) waits for every transition. Only
         waits: it may be cancelled.
         """
-        ...
-
-    async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
-        """Record a failed attempt: scheduled at ``retry_at``, or dead at max attempts.
-
-        Any ``error`` text is taken: the store keeps it made storable
-        (:func:`~trioq._model.storable_text`: lone surrogates escaped, cut at
-        ``MAX_ERROR_CHARS``), never failing on it.
-        """
-        ...
-
-    async def release(self, job_id: str, epoch: int) -> Job | None:
-        """Give a running job back to ``ready`` without counting the attempt."""
         ...
 
     async def get(self, job_id: str) -> Job:

@@ -1,9 +1,11 @@
 """The job state machine: one pure, synchronous table that every store shares.
 
 Every transition a job can make is a method here: :meth:`JobTable.add`,
-:meth:`~JobTable.claim`, :meth:`~JobTable.succeed`, :meth:`~JobTable.fail`,
-:meth:`~JobTable.release`, :meth:`~JobTable.cancel`, :meth:`~JobTable.retry`,
-:meth:`~JobTable.promote` and :meth:`~JobTable.evict`. ``MemoryStore`` calls them
+:meth:`~JobTable.claim` (and :meth:`~JobTable.claim_next`), :meth:`~JobTable.succeed`,
+:meth:`~JobTable.fail`, :meth:`~JobTable.snooze`, :meth:`~JobTable.release`,
+:meth:`~JobTable.cancel`, :meth:`~JobTable.retry`, :meth:`~JobTable.promote`,
+:meth:`~JobTable.evict` and :meth:`~JobTable.drop` (docs/state_machine.md lists them,
+checked by tests/test_state_machine_doc.py). ``MemoryStore`` calls them
 directly; ``WALStore`` logs each transition first and replays the log through
 the very same methods, so live operation and recovery cannot drift apart.
 
@@ -21,12 +23,24 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Collection, Container, Iterator
+from collections.abc import Callable, Collection, Container, Iterator, Sequence
 from typing import Any
 
 import msgspec
 
-from ..._model import INT_MAX, INT_MIN, MAX_VALUE_BYTES, InvalidJob, Job, JobNotFound, JobState, check_json
+from ..._model import (
+    INT_MAX,
+    INT_MIN,
+    MAX_ERRORS_KEPT,
+    MAX_SNOOZES,
+    MAX_VALUE_BYTES,
+    FailedAttempt,
+    InvalidJob,
+    Job,
+    JobNotFound,
+    JobState,
+    check_json,
+)
 from .ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
@@ -85,6 +99,10 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     slot: int = 0
     #: The sequence number of the job's last log record (a store that logs sets it; 0: none since open).
     logged: int = 0
+    #: The last failed attempts, oldest first: ``(attempt, error, traceback, finished_at)`` tuples.
+    errors: tuple[tuple[int, str, str | None, float], ...] = ()
+    #: Snoozes since the job was enqueued or last retried (bounded by ``MAX_SNOOZES``).
+    snoozes: int = 0
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -109,6 +127,7 @@ class Entry(msgspec.Struct, gc=False, eq=False):
             self.finished_at,
             _decode(self.result) if type(self.result) is bytes else self.result,
             self.error,
+            tuple(FailedAttempt(*e) for e in self.errors) if self.errors else (),
         )
 
 
@@ -343,7 +362,10 @@ class JobTable:
         """
         entry = self.entry(job_id)
         if entry.state is not _READY and entry.state is not _SCHEDULED:
-            raise InvalidJob(f"job {job_id!r} is {entry.state.value}; only ready jobs can be claimed", field="state")
+            raise InvalidJob(
+                f"job {job_id!r} is {entry.state.value}; only ready (or, in replay, scheduled) jobs can be claimed",
+                field="state",
+            )
         self._move(entry, _RUNNING)
         entry.slot += 1
         entry.epoch += 1
@@ -365,24 +387,58 @@ class JobTable:
         self._finish(entry, _SUCCEEDED, now)
         return entry
 
-    def fail(self, job_id: str, epoch: int, error: str, retry_at: float, now: float) -> Entry | None:
+    def fail(
+        self,
+        job_id: str,
+        epoch: int,
+        error: str,
+        retry_at: float | None,
+        now: float,
+        traceback: str | None = None,
+    ) -> Entry | None:
         """Record a failed (or hung, or timed-out) attempt.
 
-        The job is dead once its attempts reach ``max_attempts``; otherwise it is
-        scheduled to run again at ``retry_at`` (ready at once if that has
-        passed). ``None`` if ``epoch`` is stale.
+        The job is dead once its attempts reach ``max_attempts``, or at once
+        when ``retry_at`` is ``None`` (no retry: ``NoRetry``, an unstorable
+        result); otherwise it is scheduled to run again at ``retry_at`` (ready
+        at once if that has passed). The attempt joins ``errors`` (the last
+        ``MAX_ERRORS_KEPT``). ``None`` if ``epoch`` is stale.
         """
         entry = self._running(job_id, epoch)
         if entry is None:
             return None
         entry.attempts += 1
         entry.error = error
-        if entry.attempts >= entry.max_attempts:
+        failed = (entry.attempts, error, traceback, now)
+        errors = entry.errors
+        entry.errors = (*errors[max(len(errors) - MAX_ERRORS_KEPT + 1, 0) :], failed) if errors else (failed,)
+        if retry_at is None or entry.attempts >= entry.max_attempts:
             self._finish(entry, _DEAD, now)
         else:
             entry.run_at = retry_at
             self._move(entry, _SCHEDULED if retry_at > now else _READY)
             self._push(entry)
+        return entry
+
+    def snooze(self, job_id: str, epoch: int, run_at: float, now: float) -> Entry | None:
+        """Put a running job back to wait until ``run_at`` without counting the attempt (``Snooze``).
+
+        The job is scheduled (ready at once if ``run_at`` has passed), its
+        ``attempts`` and ``error`` unchanged. Its ``MAX_SNOOZES + 1``-th
+        snooze since its enqueue (or last retry) kills it instead, counted as
+        a failed attempt with a ``SnoozeLimit`` error: what bounds a handler
+        that snoozes forever. ``None`` if ``epoch`` is stale.
+        """
+        entry = self._running(job_id, epoch)
+        if entry is None:
+            return None
+        if entry.snoozes >= MAX_SNOOZES:
+            error = f"SnoozeLimit: the job snoozed {MAX_SNOOZES} times; retry it to start over"
+            return self.fail(job_id, epoch, error, None, now)
+        entry.snoozes += 1
+        entry.run_at = run_at
+        self._move(entry, _SCHEDULED if run_at > now else _READY)
+        self._push(entry)
         return entry
 
     def holds(self, job_id: str, epoch: int) -> bool:
@@ -426,6 +482,7 @@ class JobTable:
             )
         self._retained -= 1  # its retention item goes stale: _push replaces the slot
         entry.attempts = 0
+        entry.snoozes = 0
         entry.finished_at = None
         entry.result = None
         entry.run_at = now
@@ -513,6 +570,7 @@ class JobTable:
         self._retained -= 1
         entry.packed_payload = b""
         entry.result = entry.error = None
+        entry.errors = ()
         job_id = entry.id
         del self._jobs[job_id]
         self._counts[entry.state] -= 1
@@ -562,8 +620,14 @@ class JobTable:
         finished_at: float | None,
         result: Any,
         error: str | None,
+        errors: Sequence[Sequence[Any]] = (),
+        snoozes: int = 0,
     ) -> None:
-        """Insert a job exactly as a checkpoint recorded it, in any state."""
+        """Insert a job exactly as a checkpoint recorded it, in any state.
+
+        ``errors`` and ``snoozes`` default to none: a checkpoint of log format
+        2 has neither.
+        """
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         job_state = JobState(state)
@@ -577,6 +641,8 @@ class JobTable:
         # A checkpoint's row holds a non-scalar result packed already.
         entry.result = result if type(result) is bytes or type(result) in _KEPT_AS_IS else _kept(result)
         entry.error = error
+        entry.errors = tuple((e[0], e[1], e[2], e[3]) for e in errors)
+        entry.snoozes = snoozes
         self._jobs[job_id] = entry
         if key is not None:
             self._keys[key] = job_id
@@ -799,5 +865,5 @@ def _row(e: Entry) -> tuple[Any, ...]:
     """
     return (
         e.id, e.task, _unpack(e.packed_payload), e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
-        e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error,
+        e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error, e.errors, e.snoozes,
     )  # fmt: skip

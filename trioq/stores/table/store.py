@@ -4,8 +4,8 @@ Every method applies a transition of the pure table, then hands the record of
 that transition to :meth:`TableStore._record` in the same synchronous step
 (so records reach the log in the order the table applied them), then awaits
 :meth:`TableStore._flush` before answering; except ``claim`` and
-``succeed(durable=False)``, whose records are ``lazy`` (nobody waits for them:
-the log commits them with the next batch). ``MemoryStore`` records nothing;
+``complete``, whose records are ``lazy`` (nobody waits for them: the log
+commits them with the next batch, and whoever reports an outcome syncs). ``MemoryStore`` records nothing;
 ``WALStore`` appends each record to its log and ``_flush`` returns once the
 record is written (and, with ``fsync="always"``, on disk). Recovery replays
 those records through the same table methods.
@@ -13,6 +13,7 @@ those records through the same table methods.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -25,17 +26,30 @@ from ..._model import (
     Job,
     JobState,
     QueueFull,
-    SimulatedCrash,
+    error_text,
     name_problem,
     storable_text,
 )
-from .._base import CancelResult, IdMaker, NewJob, StoreConfig
+from .._base import (
+    CancelResult,
+    ClaimRequest,
+    Failed,
+    IdMaker,
+    NewJob,
+    Outcome,
+    Released,
+    Snoozed,
+    StoreConfig,
+    Succeeded,
+)
 from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
 
-__all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SUCCEED", "TableStore"]
+__all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SNOOZE", "SUCCEED", "TableStore"]
 
 # Transition record types, shared with the WAL format.
+# 9 to 11 are the WAL's checkpoint records (stores/wal/_format.py).
 ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
+SNOOZE = 12
 
 
 def _checked(job: NewJob, where: str) -> NewJob:
@@ -85,8 +99,19 @@ def _plain_int(value: object, field: str) -> int:
     return int.__index__(value)
 
 
+def _delay(seconds: float) -> float:
+    """An outcome's delay as a plain float; a negative one is none. The runtime makes these: anything
+    but a finite number is its bug, a ``ValueError`` (the batch's outcomes before it stay applied)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        raise ValueError(f"an outcome's delay must be a finite number of seconds, got {seconds!r}")
+    return max(float(seconds), 0.0)
+
+
 class TableStore:
     """Shared body of the in-process stores; subclasses provide ``session``."""
+
+    #: Outcomes are applied in this process: the runtime completes each attempt inline.
+    batch_outcomes = False
 
     #: Whether :meth:`_record` does anything (the two hottest calls skip
     #: building records for a store that keeps no log).
@@ -96,8 +121,6 @@ class TableStore:
         self._table: JobTable | None = None
         self._config: StoreConfig | None = None
         self._ids = IdMaker()
-        #: Set when a fault plan's simulated crash killed this session.
-        self._crashed: SimulatedCrash | None = None
 
     # Hooks ---------------------------------------------------------------
 
@@ -135,8 +158,6 @@ class TableStore:
     def _open(self) -> tuple[JobTable, StoreConfig]:
         table, config = self._table, self._config
         if table is None or config is None:
-            if self._crashed is not None:
-                raise SimulatedCrash(str(self._crashed))
             raise RuntimeError(f"{type(self).__name__} is not open; use it through trioq.open_queue")
         return table, config
 
@@ -215,32 +236,109 @@ class TableStore:
         await self._flush()
         return out
 
-    async def claim(self) -> Job | None:
+    async def claim(self, request: ClaimRequest) -> list[Job]:
         table, config = self._open()
-        # The time matters only for promoting scheduled jobs.
-        entry = table.claim_next(config.clock() if table.has_scheduled else 0.0)
-        if entry is None:
-            return None
-        if self.logs:
-            entry.logged = self._record(CLAIM, (entry.id,), lazy=True)
-        return entry.snapshot()  # not flushed: see Store.claim
+        limit = request.limit
+        if limit == 1:  # the hot path: one free worker asks
+            # The time matters only for promoting scheduled jobs.
+            entry = table.claim_next(config.clock() if table.has_scheduled else 0.0)
+            if entry is None:
+                return []
+            if self.logs:
+                entry.logged = self._record(CLAIM, (entry.id,), lazy=True)
+            return [entry.snapshot()]  # not flushed: see Store.claim
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"ClaimRequest.limit must be an int >= 0, got {limit!r}")
+        claimed: list[Job] = []
+        now = config.clock() if table.has_scheduled else 0.0
+        while len(claimed) < limit and (entry := table.claim_next(now)) is not None:
+            if self.logs:
+                entry.logged = self._record(CLAIM, (entry.id,), lazy=True)
+            claimed.append(entry.snapshot())
+        return claimed
 
-    async def heartbeat(self, job_id: str, epoch: int) -> bool:
+    async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
         table, _ = self._open()
-        return table.holds(job_id, epoch)
+        return [table.holds(job_id, epoch) for job_id, epoch in held]
 
-    async def succeed(self, job_id: str, epoch: int, result: Any, *, durable: bool = True) -> bool:
+    async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
         table, config = self._open()
         now = config.clock()
-        entry = table.succeed(job_id, epoch, result, now)
-        if entry is None:
-            return False
-        if self.logs:
-            fields = (entry.id, entry.epoch, log_result(entry.result), now)
-            entry.logged = self._record(SUCCEED, fields, lazy=not durable)
-        if durable:
-            await self._flush()
-        return True
+        out: list[JobState | None] = []
+        for outcome in outcomes:
+            if type(outcome) is Succeeded and not self.logs:  # the hot path, inline
+                try:
+                    entry = table.succeed(outcome.job_id, outcome.epoch, outcome.result, now)
+                except InvalidJob:
+                    entry = self._apply(table, outcome, now)
+            else:
+                entry = self._apply(table, outcome, now)
+            if entry is None:
+                out.append(None)
+                continue
+            out.append(entry.state)
+            if entry.state is JobState.READY:
+                config.on_ready(1)
+            elif entry.state is JobState.SCHEDULED:
+                config.on_scheduled(entry.run_at)
+        # Nobody waits for these records: they join the log's next commit. No
+        # schedule point either: this is the hottest call of a drain, and the
+        # workers take one every few jobs themselves.
+        return out
+
+    def _apply(self, table: JobTable, outcome: Outcome, now: float) -> Entry | None:
+        """Apply one outcome to the table and log it; the entry, or ``None`` if its epoch is stale."""
+        job_id, epoch = outcome.job_id, outcome.epoch
+        if type(outcome) is Succeeded:
+            try:
+                entry = table.succeed(job_id, epoch, outcome.result, now)
+            except InvalidJob as exc:  # a result it cannot hold: it will never succeed
+                return self._fail(table, job_id, epoch, error_text(exc), None, now, None)
+            if entry is not None and self.logs:
+                entry.logged = self._record(SUCCEED, (entry.id, entry.epoch, log_result(entry.result), now), lazy=True)
+            return entry
+        if type(outcome) is Failed:
+            retry_in = outcome.retry_in
+            retry_at = None if retry_in is None else now + _delay(retry_in)
+            return self._fail(table, job_id, epoch, outcome.error, retry_at, now, outcome.traceback)
+        if type(outcome) is Released:
+            entry = table.release(job_id, epoch)
+            if entry is not None:
+                entry.logged = self._record(RELEASE, (entry.id, entry.epoch), lazy=True)
+            return entry
+        if type(outcome) is Snoozed:
+            run_at = now + _delay(outcome.delay)
+            # Past MAX_SNOOZES the table fails the job instead: a replay of
+            # the record does the same.
+            entry = table.snooze(job_id, epoch, run_at, now)
+            if entry is not None:
+                entry.logged = self._record(SNOOZE, (entry.id, entry.epoch, run_at, now), lazy=True)
+            return entry
+        raise TypeError(f"not a trioq.stores outcome: {type(outcome).__name__}")
+
+    def _fail(
+        self,
+        table: JobTable,
+        job_id: str,
+        epoch: int,
+        error: str,
+        retry_at: float | None,
+        now: float,
+        traceback: str | None,
+    ) -> Entry | None:
+        error = storable_text(error)
+        if traceback is not None:
+            traceback = storable_text(traceback)
+        entry = table.fail(job_id, epoch, error, retry_at, now, traceback)
+        if entry is not None:
+            fields = (entry.id, entry.epoch, error, retry_at, now, traceback)
+            entry.logged = self._record(FAIL, fields, lazy=True)
+        return entry
+
+    async def rescue(self) -> int:
+        self._open()
+        await trio.lowlevel.checkpoint()
+        return 0  # one node, this runtime: its running jobs are its own (a session's end releases them)
 
     async def sync(self, job_id: str | None = None) -> None:
         if job_id is None:
@@ -249,31 +347,6 @@ class TableStore:
         table, _ = self._open()
         # An evicted job's last record is not known: wait for every record then.
         await self._durable(table.logged(job_id))
-
-    async def fail(self, job_id: str, epoch: int, error: str, retry_at: float) -> Job | None:
-        table, config = self._open()
-        now = config.clock()
-        error = storable_text(error)
-        retry_at = float(retry_at)  # the table keeps it: a float, not a subclass the log cannot encode
-        entry = table.fail(job_id, epoch, error, retry_at, now)
-        if entry is None:
-            return None
-        entry.logged = self._record(FAIL, (entry.id, entry.epoch, error, retry_at, now))
-        job = entry.snapshot()
-        await self._flush()
-        self._announce(entry)
-        return job
-
-    async def release(self, job_id: str, epoch: int) -> Job | None:
-        table, _ = self._open()
-        entry = table.release(job_id, epoch)
-        if entry is None:
-            return None
-        entry.logged = self._record(RELEASE, (entry.id, entry.epoch))
-        job = entry.snapshot()
-        await self._flush()
-        self._announce(entry)
-        return job
 
     async def get(self, job_id: str) -> Job:
         table, _ = self._open()
@@ -285,7 +358,9 @@ class TableStore:
         entry, changed, running_epoch = table.cancel(job_id, now)
         if changed:
             entry.logged = self._record(CANCEL, (entry.id, now))
-        result = CancelResult(entry.snapshot(), changed, running_epoch)
+        result = CancelResult(entry.snapshot(), changed)
+        if running_epoch is not None:
+            config.on_cancel(job_id, running_epoch)
         await self._flush()
         return result
 

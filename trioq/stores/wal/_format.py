@@ -35,7 +35,7 @@ import msgspec
 from crc32c import crc32c
 
 from ..._model import TrioqError
-from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
+from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
 
 __all__ = [
     "ADD",
@@ -83,7 +83,7 @@ MAX_PAYLOAD = 1 << 30
 ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END = 9, 10, 11
 COMMIT = 255
 KNOWN_TYPES = frozenset(
-    {ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP, ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END}
+    {ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP, ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END, SNOOZE}
 )
 
 _encoder = msgspec.msgpack.Encoder()

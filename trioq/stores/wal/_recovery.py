@@ -71,7 +71,7 @@ import attrs
 import msgspec
 
 from ..table.jobs import JobTable
-from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SUCCEED
+from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
 from ._format import (
     CHECKPOINT_BEGIN,
     CHECKPOINT_END,
@@ -137,8 +137,10 @@ def apply_record(table: JobTable, kind: int, f: Any) -> bool:
         return True
     if kind == SUCCEED:
         return table.succeed(f[0], f[1], f[2], f[3]) is not None
-    if kind == FAIL:
-        return table.fail(f[0], f[1], f[2], f[3], f[4]) is not None
+    if kind == FAIL:  # format 2 records have no traceback
+        return table.fail(f[0], f[1], f[2], f[3], f[4], f[5] if len(f) > 5 else None) is not None
+    if kind == SNOOZE:
+        return table.snooze(f[0], f[1], f[2], f[3]) is not None
     if kind == RELEASE:
         return table.release(f[0], f[1]) is not None
     if kind == CANCEL:

@@ -223,11 +223,8 @@ class LogWriter:
         self._pad_step = PREALLOC_STEP
         # Sizes of every segment on disk, the open one last.
         self._segments: dict[int, tuple[str, int]] = {n: (path, os.path.getsize(path)) for n, path in old_segments}
-        # Bytes known to be synced, per segment created by this writer (a
-        # simulated crash keeps only these; older segments count as synced).
+        # Bytes known to be synced, per segment created by this writer (see `synced`).
         self._synced: dict[int, int] = {}
-        self._killed: BaseException | None = None
-        self._scope: trio.CancelScope | None = None
         self._dirty = False
         self._last_sync = -math.inf
         #: Moving average of one write+fdatasync; see INLINE_SYNC_MAX.
@@ -259,8 +256,6 @@ class LogWriter:
         sleeping job a late wake-up (see docs/benchmarks.md).
         """
         if self._closing:
-            if self._killed is not None:
-                raise type(self._killed)(str(self._killed))
             raise RuntimeError("the WAL writer is closed")
         pending = self._pending
         self._appended += 1
@@ -322,46 +317,58 @@ class LogWriter:
     def segments(self) -> dict[int, tuple[str, int]]:
         return dict(self._segments)
 
+    @property
+    def synced(self) -> dict[str, int]:
+        """How much of each segment this writer created is known to be on disk: ``{path: bytes}``.
+
+        What a machine crash would leave of them at worst (a segment at 0
+        bytes would be gone, header and all). Segments the writer found on
+        disk are not listed (they were synced before it), nor ones it deleted.
+        """
+        segments = self._segments
+        return {segments[n][0]: size for n, size in self._synced.items() if n in segments}
+
     # -------------------------------------------------------------- writer
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer task: open a fresh segment, then commit batches until closed.
 
-        It shields itself: an outer cancel (a ``move_on_after`` around the
-        queue, a failing sibling task) must not stop it while the session
-        still has records to commit (the releases of shutdown). It ends only
-        through :meth:`close` (after committing what is pending) or
-        :meth:`kill`. Whichever way it ends, later appends raise and waiters
-        of records it never committed are told.
+        It ends through :meth:`close`, after committing what is pending, or
+        by a cancel of its task, which stops it before its next write (one
+        already handed to a thread completes) and leaves the files as they
+        are, the open segment's padding included: records not yet written
+        are lost, as in a ``kill -9``. Whichever way it ends, later appends
+        raise and waiters of records it never committed are told.
+
+        Its owner runs it shielded (``WALStore.session``): an outer cancel (a
+        ``move_on_after`` around the queue, a failing sibling task) must not
+        stop it while the session still has records to commit (the releases
+        of shutdown).
         """
         self._inline = virtual_time()
-        with trio.CancelScope(shield=True) as self._scope:
-            try:
-                await self._io(self._start_segment, self._segment + 1, b"")
-                task_status.started()
-                await self._loop()
-            finally:
-                self._closing = True
-                killed = self._killed
-                stopped = (
-                    type(killed)(str(killed))
-                    if killed is not None
-                    else RuntimeError("the WAL writer stopped before these records were committed")
-                )
-                self._pending = []
-                for batch in (self._batch, self._inflight, self._checkpoint_wanted):
-                    if batch is not None:
-                        self._abandon(batch, stopped)
-                if self._fd >= 0:
-                    if killed is None:
-                        self._trim()
-                    os.close(self._fd)
-                    self._fd = -1
+        cancelled = False
+        try:
+            await self._io(self._start_segment, self._segment + 1, b"")
+            task_status.started()
+            await self._loop()
+        except trio.Cancelled:
+            cancelled = True
+            raise
+        finally:
+            self._closing = True
+            stopped = RuntimeError("the WAL writer stopped before these records were committed")
+            self._pending = []
+            for batch in (self._batch, self._inflight, self._checkpoint_wanted):
+                if batch is not None:
+                    self._abandon(batch, stopped)
+            if self._fd >= 0:
+                if not cancelled:  # cancelled, it changes no file (padding reads as padding)
+                    self._trim()
+                os.close(self._fd)
+                self._fd = -1
 
     async def _loop(self) -> None:
         while True:
-            if self._killed is not None:
-                return  # a simulated crash: not one more byte (inline I/O runs before any checkpoint)
             if self._checkpoint_wanted is not None:
                 await self._checkpoint_on_request()
                 continue
@@ -385,7 +392,7 @@ class LogWriter:
                 if self._dirty and self.fsync == "interval":
                     with trio.move_on_after(SYNC_INTERVAL):
                         await self._wake.wait()
-                    if not self._pending and self._killed is None:
+                    if not self._pending:
                         await self._sync_now()
                         continue
                 else:
@@ -393,12 +400,11 @@ class LogWriter:
                 continue
             # One scheduling pass first: the tasks woken with these records
             # (a worker told of a new job) run before the sync blocks the
-            # loop, and records they append join this batch.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            # loop, and records they append join this batch. A cancel point
+            # too (see run): a cancel landing in that pass writes nothing.
+            await trio.lowlevel.checkpoint()
             await self._commit_pending()
-            # A kill can land while a commit's sync runs in a thread; rolling
-            # would then do I/O after death (and raise instead of stopping).
-            if self._killed is None and self._segment_bytes >= self.segment_size:
+            if self._segment_bytes >= self.segment_size:
                 await self._roll()
 
     async def request_checkpoint(self) -> None:
@@ -421,12 +427,12 @@ class LogWriter:
         wanted = self._checkpoint_wanted
         assert wanted is not None
         self._checkpoint_wanted = None
-        if self._pending:
-            # No roll after it even if the segment is full: the checkpoint
-            # starts the next segment itself (a roll would open one more, or
-            # write the checkpoint twice).
-            await self._commit_pending()
         try:
+            if self._pending:
+                # No roll after it even if the segment is full: the checkpoint
+                # starts the next segment itself (a roll would open one more,
+                # or write the checkpoint twice).
+                await self._commit_pending()
             await self.checkpoint()
         except BaseException as exc:
             self._abandon(wanted, exc)
@@ -440,45 +446,7 @@ class LogWriter:
             self._wake.set()
         await self.flush()
 
-    def kill(self, exc: BaseException) -> None:
-        """Die at once (a simulated crash): drop every pending record, write nothing more.
-
-        The writer task is cancelled where it stands (I/O already handed to a
-        thread finishes first); callers waiting for a commit that will never
-        happen get ``exc``. The session then calls :meth:`drop_unsynced`.
-        """
-        self._killed = exc
-        self._closing = True
-        self._pending = []
-        for batch in (self._batch, self._inflight, self._checkpoint_wanted):
-            if batch is not None:
-                # A copy: the original is the one open_queue raises, and
-                # should carry only the traceback of where the crash struck.
-                self._abandon(batch, type(exc)(str(exc)))
-        self._checkpoint_wanted = None
-        if self._scope is not None:
-            self._scope.cancel()
-
-    def drop_unsynced(self) -> None:
-        """Cut each segment this writer made back to its synced length (after :meth:`kill`).
-
-        What a machine crash may leave at worst: a segment never synced at all
-        (its header included) disappears. Run only once the writer task ended.
-        """
-        for number, synced in self._synced.items():
-            path = self._segments.get(number, (os.path.join(self.directory, segment_name(number)), 0))[0]
-            try:
-                size = os.path.getsize(path)
-            except FileNotFoundError:
-                continue  # deleted by a checkpoint
-            if synced == 0:
-                os.unlink(path)
-            elif size > synced:
-                os.truncate(path, synced)
-
     async def _commit_pending(self) -> None:
-        if self._killed is not None:
-            return
         frames, batch = self._pending, self._batch
         self._pending, self._batch = [], _Batch()
         self._lazy_only = False
@@ -580,9 +548,8 @@ class LogWriter:
         self._last_sync = trio.current_time()
 
     async def _io(self, fn: Callable[..., None], *args: object, durable: bool = False) -> None:
-        """Blocking file work: in a thread when syncing, inline otherwise (never once killed)."""
-        if self._killed is not None:
-            raise RuntimeError("the WAL writer was killed (a simulated crash): it writes nothing more")
+        """Blocking file work: in a thread when syncing, inline otherwise; a cancel point before it (see run)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         call = functools.partial(fn, *args, durable=True) if durable else functools.partial(fn, *args)
         if (self.fsync == "never" and not durable) or self._inline:
             call()

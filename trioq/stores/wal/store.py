@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from ..._model import SimulatedCrash, TrioqError
+from ..._model import TrioqError
 from .._base import StoreConfig
 from ..table.jobs import JobTable
 from ..table.store import DROP, TableStore
@@ -54,6 +54,13 @@ class _DirectoryLock:
             self._fd = -1
 
 
+async def _run_shielded(writer: LogWriter, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the writer's task shielded from outer cancels: it must still commit the session's last
+    records (the releases of shutdown) after the queue around it was cancelled (see ``LogWriter.run``)."""
+    with trio.CancelScope(shield=True):
+        await writer.run(task_status=task_status)
+
+
 class WALStore(TableStore):
     """The durable embedded store: a directory of write-ahead log segments.
 
@@ -88,18 +95,11 @@ class WALStore(TableStore):
         self._drops: list[str] = []
         #: What the last open found in the log (see :class:`Recovery`).
         self.recovery: Recovery | None = None
-        #: Transition records appended since the store was last opened.
-        self.records_appended = 0
-        self._crash_at: int | None = None
-        self._on_crash: Callable[[SimulatedCrash, int], None] | None = None
 
     @contextlib.asynccontextmanager
     async def session(self, config: StoreConfig) -> AsyncIterator[None]:
         os.makedirs(self.path, exist_ok=True)
         lock = _DirectoryLock(self.path)
-        writer: LogWriter | None = None
-        self._crashed = None
-        self.records_appended = 0
         try:
             table = JobTable(retention=config.retention, max_retained=sys.maxsize)
             if virtual_time():  # see virtual_time(): no clock jumps during replay
@@ -111,17 +111,8 @@ class WALStore(TableStore):
             table.on_overflow_drop = self._drops.append
             self._attach(table, config)
             async with trio.open_nursery() as nursery:
-                writer = LogWriter(
-                    self.path,
-                    fsync=self.fsync,
-                    segment_size=self.segment_size,
-                    next_segment=recovery.last_segment + 1,
-                    last_batch=recovery.last_batch,
-                    old_segments=recovery.segments,
-                    export=self._export,
-                    live=table.__len__,
-                )
-                await nursery.start(writer.run)
+                writer = self._open_log(recovery, table.__len__)
+                await nursery.start(_run_shielded, writer)
                 self._writer = writer
                 try:
                     # Attempts cut off by a crash are not counted: back to ready.
@@ -131,65 +122,47 @@ class WALStore(TableStore):
                     await self._flush()
                     yield
                 finally:
-                    # The writer shields itself from outer cancels: it stops
-                    # only here, after committing the releases (or at once
-                    # when a simulated crash killed it).
-                    if self._crashed is None:
-                        with trio.CancelScope(shield=True):
-                            try:
-                                self._release_running()
-                            finally:
-                                await writer.close()
+                    # The writer runs shielded from outer cancels: it stops
+                    # only here, after committing the releases.
+                    with trio.CancelScope(shield=True):
+                        try:
+                            self._release_running()
+                        finally:
+                            await writer.close()
         finally:
-            if self._crashed is not None and writer is not None:
-                writer.drop_unsynced()
             self._writer = None
             self._table = self._config = None
             lock.release()
 
+    def _open_log(self, recovery: Recovery, live: Callable[[], int]) -> LogWriter:
+        """The writer of a session: it continues the log ``recovery`` found; ``live`` counts the jobs.
+
+        The one place the store makes its writer. Of it the store uses only
+        ``run``, ``append``, ``flush``, ``close``, ``request_checkpoint``,
+        ``busy``, ``segments`` and ``padding_bytes``: a wrapper offering those
+        can stand in (``trioq.testing`` wraps the writer to simulate a crash).
+        """
+        return LogWriter(
+            self.path,
+            fsync=self.fsync,
+            segment_size=self.segment_size,
+            next_segment=recovery.last_segment + 1,
+            last_batch=recovery.last_batch,
+            old_segments=recovery.segments,
+            export=self._export,
+            live=live,
+        )
+
     def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> int:
-        seq = self._append(frame(kind, fields), lazy)
+        writer = self._writer
+        assert writer is not None
+        seq = writer.append(frame(kind, fields), lazy=lazy)
         if self._drops:
             drops = self._drops[:]  # the table appends to this very list
             self._drops.clear()
             for job_id in drops:
-                self._append(frame(DROP, (job_id,)), lazy)
+                writer.append(frame(DROP, (job_id,)), lazy=lazy)
         return seq
-
-    def _append(self, data: bytes, lazy: bool = False) -> int:
-        """Hand one record to the writer and count it; the armed crash strikes at its record."""
-        writer = self._writer
-        assert writer is not None
-        seq = writer.append(data, lazy=lazy)
-        self.records_appended += 1
-        if self._crash_at is not None and self.records_appended >= self._crash_at:
-            self._crash()
-        return seq
-
-    def _arm_crash(self, after_records: int | None, on_crash: Callable[[SimulatedCrash, int], None]) -> None:
-        """Die like ``kill -9`` once ``after_records`` records were appended (``None`` disarms).
-
-        Used by ``trioq.testing.FaultPlan.crash``; ``on_crash(exc, record)`` is
-        called at the moment of death, before ``exc`` is raised.
-        """
-        self._crash_at = after_records
-        self._on_crash = on_crash if after_records is not None else None
-
-    def _crash(self) -> None:
-        record = self.records_appended
-        on_crash = self._on_crash
-        self._crash_at = self._on_crash = None
-        exc = SimulatedCrash(
-            f"simulated crash after WAL record {record} of this session (FaultPlan.crash): "
-            f"nothing more was written to {self.path}; open the store again to recover"
-        )
-        self._crashed = exc
-        self._table = None  # every later call raises SimulatedCrash
-        assert self._writer is not None
-        self._writer.kill(exc)
-        if on_crash is not None:
-            on_crash(exc, record)
-        raise exc
 
     async def _flush(self) -> None:
         assert self._writer is not None

@@ -1,0 +1,141 @@
+"""The completer: attempts' outcomes to ``store.complete``, and the lease on running jobs.
+
+With an in-process store (``Store.batch_outcomes`` false) each outcome is
+completed inline by the worker that made it, before it claims again: that
+call costs less than a hand-off to another task would, and keeps a drain's
+start latency. With a store whose every call is a round trip, workers hand
+their outcomes over and move on; :meth:`Completer.run` sends what gathered
+as one batch (River's batch completer), the next batch while the previous
+one is in flight.
+
+:meth:`Completer.extend_leases` renews the node's lease on its running jobs
+every third of the lease; a job the store says is no longer held (cancelled
+by another node, rescued) has its attempt stopped: the fallback for a lost
+``on_cancel`` hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import trio
+
+from .._model import Job, JobState
+from ..stores._base import Outcome, Released, Snoozed, Store, Succeeded
+from .logs import debug_enabled as _debug
+from .logs import log_outcome
+from .totals import Totals
+
+__all__ = ["Completer"]
+
+_SUCCEEDED = JobState.SUCCEEDED
+_DEAD = JobState.DEAD
+
+
+class Completer:
+    """See the module docstring. ``on_outcome()`` is called after each batch that changed a job
+    (``Queue.join`` looks again); ``on_lost(job_id, epoch)`` for each held job the store no
+    longer gives this node."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        totals: Totals,
+        node: str,
+        lease: float,
+        on_outcome: Callable[[], None],
+        on_lost: Callable[[str, int], None],
+    ) -> None:
+        self._store = store
+        self._totals = totals
+        self._node = node
+        self._lease = lease
+        self._on_outcome = on_outcome
+        self._on_lost = on_lost
+        self.batched = bool(getattr(store, "batch_outcomes", False))
+        self._pending: list[tuple[Outcome, Job, float]] = []
+        self._gathered = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def complete(self, outcome: Outcome, job: Job, started: float) -> None:
+        """Record ``outcome`` of the attempt of ``job`` (as claimed) that began at ``started``
+        (``perf_counter()``): inline, or handed to :meth:`run`'s next batch."""
+        if not self.batched:
+            states = await self._store.complete((outcome,))
+            self.count(outcome, states[0], job, started)
+            return
+        self._pending.append((outcome, job, started))
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._gathered.set()
+
+    async def run(self) -> None:
+        """Send gathered outcomes in batches until cancelled (batched mode only); a cancel
+        first sends what is still gathered, shielded."""
+        if not self.batched:
+            return
+        try:
+            while True:
+                await self._gathered.wait()
+                await self._send()
+        finally:
+            await self.drain()
+
+    async def drain(self) -> None:
+        """Send what is still gathered, shielded (the pool's last step: nothing is handed over after it)."""
+        with trio.CancelScope(shield=True):
+            while self._pending:
+                await self._send()
+
+    async def flush(self) -> None:
+        """Until every outcome handed over so far is sent (at once, inline)."""
+        while self._pending or not self._idle.is_set():
+            await self._idle.wait()
+
+    async def _send(self) -> None:
+        self._gathered = trio.Event()
+        batch, self._pending = self._pending, []
+        if batch:
+            states = await self._store.complete([outcome for outcome, _, _ in batch])
+            for (outcome, job, started), state in zip(batch, states, strict=True):
+                self.count(outcome, state, job, started)
+        if not self._pending:
+            self._idle.set()
+
+    def count(self, outcome: Outcome, state: JobState | None, job: Job, started: float) -> None:
+        """Count an outcome the store applied (``state``: the job's state now; ``None``: refused) in the
+        totals, log it, and tell ``on_outcome``. ``started``: ``perf_counter()`` at the attempt's start."""
+        if state is None:
+            return  # refused: the job was cancelled, rescued or finished by someone else
+        totals = self._totals
+        kind = type(outcome)
+        if kind is Succeeded and state is _SUCCEEDED:
+            totals.succeeded += 1
+            if _debug():
+                log_outcome(job, outcome, state, started)
+        elif kind is Released:
+            totals.released += 1
+            return
+        else:
+            if kind is not Snoozed or state is _DEAD:  # past MAX_SNOOZES a snooze kills
+                totals.failed_attempts += 1
+                if state is _DEAD:
+                    totals.dead += 1
+                else:
+                    totals.retried += 1
+            log_outcome(job, outcome, state, started)
+        self._on_outcome()
+
+    async def extend_leases(self, held: Callable[[], Sequence[tuple[str, int]]]) -> None:
+        """Every third of the lease, renew it on the jobs ``held()`` names; runs until cancelled."""
+        every = self._lease / 3
+        while True:
+            await trio.sleep(every)
+            pairs = list(held())
+            if not pairs:
+                continue
+            answers = await self._store.extend(self._node, pairs, self._lease)
+            for (job_id, epoch), still in zip(pairs, answers, strict=True):
+                if not still:
+                    self._on_lost(job_id, epoch)

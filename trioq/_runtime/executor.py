@@ -1,0 +1,230 @@
+"""The executor: one attempt of a claimed job, in its worker's cancel scope, to a typed outcome.
+
+:meth:`Executor.run` calls the job's handler its own way (inline for an async
+handler, in a thread, or in a worker process), bounded by the attempt's
+deadline, and says what became of the attempt as a
+:data:`~trioq.stores.Outcome`: ``Succeeded`` with the result, ``Failed``
+with the error, its traceback and when to retry (``None``: never, for
+``trioq.NoRetry``, a task's ``no_retry`` types), or ``Snoozed``. A hang (the
+deadline was a heartbeat's) runs again at once; a passed ``timeout`` backs off
+as an error does (DESIGN.md section 4).
+
+The executor also keeps the registry of attempts whose handler runs, which
+the watchdog reads (to find stuck workers) and a cancel uses (to stop one).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._context import Attempt, JobContext
+from .._model import Backoff, InvalidJob, Job, NoRetry, Snooze, error_text
+from .._registry import Registry, TaskDef
+from ..stores._base import Failed, Outcome, Snoozed, Succeeded
+from .exits import SignalHandlers, attempt_failure, failure_text, leaves
+from .runners import ProcessRunner, ThreadRunner
+from .totals import Totals
+
+if TYPE_CHECKING:
+    from .._testing.faults import FaultSession
+
+__all__ = ["Executor"]
+
+_DEFAULT_BACKOFF = Backoff()
+
+_log = logging.getLogger("trioq")
+
+
+class Executor:
+    """Runs attempts for the pool's workers; see the module docstring.
+
+    ``attempts`` maps a job id to its attempt while the handler runs;
+    ``lingering`` holds attempts whose job runs again while their body still
+    does (cancelled, shielded, then retried): no longer the job's, still the
+    watchdog's. ``cancelled_claims`` holds ``(job id, epoch)`` of jobs
+    cancelled after their claim, before their attempt started (waiting for a
+    CPU, or for a fault plan's numbering).
+    """
+
+    def __init__(self, *, registry: Registry, heartbeat_timeout: float | None, processes: int, totals: Totals) -> None:
+        self._registry = registry
+        self._heartbeat_timeout = heartbeat_timeout
+        self._totals = totals
+        self._random = random.Random()
+        self.threads = ThreadRunner()
+        self.processes = ProcessRunner(processes)
+        self._signals = SignalHandlers()  # the signal handlers seen since the pool started (see exits)
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
+        self.attempts: dict[str, Attempt] = {}
+        self.lingering: set[Attempt] = set()
+        self.cancelled_claims: set[tuple[str, int]] = set()
+        #: A fault plan applied to this queue's attempts (trioq.testing), if any: it wraps the call.
+        self.faults: FaultSession | None = None
+        #: Called with each attempt's deadline as it starts (the watchdog's wake-up).
+        self.on_deadline: Callable[[float], None] = _ignore
+
+    async def run(self, worker: Any, scope: trio.CancelScope, job: Job, task: TaskDef | None) -> Outcome | None:
+        """Run one attempt of ``job`` (its task ``task``, ``None`` if unknown) inside ``scope``.
+
+        Returns its outcome, or ``None`` when the outcome was decided already
+        (the watchdog declared the attempt stuck, or the job was cancelled).
+        A cancel from outside the attempt (shutdown), or a real signal, is
+        raised, not returned (see :mod:`trioq._runtime.exits`).
+        """
+        if task is None:
+            return self._failed(job, None, error_text(self._registry.unknown(job.task)), None)
+        if task.kind != "process":
+            return await self.attempt(worker, scope, job, task)
+        async with self.processes.cpus:  # wait for a CPU before the deadline starts
+            return await self.attempt(worker, scope, job, task)
+
+    async def attempt(self, worker: Any, scope: trio.CancelScope, job: Job, task: TaskDef) -> Outcome | None:
+        """:meth:`run` for a known task whose handler is not a process's (the pool calls it directly)."""
+        if self.cancelled_claims and (job.id, job.epoch) in self.cancelled_claims:
+            # Its outcome would be refused: the job is cancelled already.
+            return None
+        attempt = Attempt(job, task, task.heartbeat_timeout_in(self._heartbeat_timeout), scope, worker)
+        worker.attempt = attempt
+        attempts = self.attempts
+        previous = attempts.get(job.id)
+        if previous is not None:  # its body still runs: it stays watched
+            self.lingering.add(previous)
+        attempts[job.id] = attempt
+        if attempt.deadline != math.inf:
+            scope.deadline = attempt.deadline
+            self.on_deadline(attempt.deadline)
+        attempt.in_handler = True
+        try:
+            if self.faults is not None:
+                result = await self.faults.attempt(job, lambda: self._call(worker, job, task, attempt))
+            elif task.kind == "async":  # the hot path, inline: a call less per job
+                result = await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload)
+            else:
+                result = await self._call(worker, job, task, attempt)
+        except BaseException as exc:
+            # In a method of its own: a local here holding the exception
+            # would keep it, its traceback and this frame in a cycle.
+            return self._raised(exc, attempt, scope.cancel_called)
+        finally:
+            attempt.in_handler = False
+            if scope.deadline != math.inf:
+                scope.deadline = math.inf
+            if attempts.get(job.id) is attempt:
+                del attempts[job.id]
+            elif self.lingering:
+                self.lingering.discard(attempt)
+        if attempt.ended:
+            return None  # the watchdog or a cancel decided it already
+        attempt.ended = True
+        return Succeeded(job.id, job.epoch, result)
+
+    async def _call(self, worker: Any, job: Job, task: TaskDef, attempt: Attempt) -> Any:
+        """Call the handler of ``task`` its own way (async, thread or process)."""
+        kind = task.kind
+        if kind == "async":
+            return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload)
+        if kind == "thread":
+            ctx = JobContext(job, attempt, self._token, self._trio_thread)
+            return await self.threads.call(task.fn, ctx, job.payload)
+        return await self.processes.call(task.fn, attempt, worker.slot, job.payload)
+
+    def _raised(self, exc: BaseException, attempt: Attempt, deadline_hit: bool) -> Outcome | None:
+        """The outcome of an attempt whose handler raised ``exc`` (raises what must go on up)."""
+        failure = attempt_failure(exc, deadline_hit, attempt.task.kind, self._signals)
+        if attempt.ended:
+            return None
+        attempt.ended = True
+        job, task = attempt.job, attempt.task
+        if failure is None:  # its deadline stopped it
+            hung = attempt.missed_heartbeat
+            if hung:
+                self._totals.hung += 1
+            else:
+                self._totals.timed_out += 1
+            return self._failed(job, task, attempt.deadline_error(), None, at_once=hung)
+        found = leaves(failure)
+        if len(found) == 1 and isinstance(found[0], Snooze):
+            return self._snoozed(job, found[0])
+        no_retry = bool(found) and all(
+            isinstance(leaf, NoRetry) or (task.no_retry and isinstance(leaf, task.no_retry)) for leaf in found
+        )
+        text = "".join(traceback.format_exception(failure))
+        return self._failed(job, task, failure_text(failure), text, no_retry=no_retry)
+
+    def _snoozed(self, job: Job, snooze: Snooze) -> Outcome:
+        seconds = snooze.seconds
+        try:
+            ok = not isinstance(seconds, bool) and isinstance(seconds, int | float) and math.isfinite(seconds)
+        except OverflowError:
+            ok = False
+        if not ok or seconds < 0:
+            problem = InvalidJob(f"trioq.Snooze needs a finite number of seconds >= 0, got {seconds!r:.60}")
+            return self._failed(job, None, error_text(problem), None)
+        self._totals.snoozed += 1
+        return Snoozed(job.id, job.epoch, float(seconds))
+
+    def _failed(
+        self,
+        job: Job,
+        task: TaskDef | None,
+        error: str,
+        traceback_text: str | None,
+        *,
+        at_once: bool = False,
+        no_retry: bool = False,
+    ) -> Failed:
+        """A failed attempt: runs again after its backoff, ``at_once`` (a hang: the wait for the
+        missed heartbeat was the delay), or never (``no_retry``)."""
+        if no_retry:
+            retry_in: float | None = None
+        elif at_once:
+            retry_in = 0.0
+        else:
+            backoff = task.backoff if task is not None else _DEFAULT_BACKOFF
+            retry_in = backoff.delay(job.attempts + 1, self._random.random())
+        return Failed(job.id, job.epoch, error, retry_in, traceback_text)
+
+    def hung(self, attempt: Attempt, error: str) -> Failed:
+        """The outcome of ``attempt``, declared stuck by the watchdog (it has not returned)."""
+        self._totals.hung += 1
+        return self._failed(attempt.job, attempt.task, error, None, at_once=attempt.missed_heartbeat)
+
+    def cancel_attempt(self, job_id: str, epoch: int) -> bool:
+        """Stop the attempt running ``job_id`` under ``epoch`` (the job was cancelled).
+
+        Returns whether a running attempt was stopped (the watchdog should
+        look at its new deadline); a claim whose attempt has not started yet
+        is remembered and never starts.
+        """
+        attempt = self.attempts.get(job_id)
+        if attempt is None or attempt.job.epoch < epoch:
+            # Claimed (the store says running) but not started yet (an older
+            # attempt of the job may linger): the worker holding the claim
+            # checks this before the handler runs.
+            self.cancelled_claims.add((job_id, epoch))
+            return False
+        if attempt.job.epoch != epoch:
+            return False
+        attempt.ended = True  # the store already recorded the outcome: cancelled
+        attempt.set_deadline(trio.current_time())
+        attempt.scope.cancel()
+        return True
+
+    def live(self) -> list[Attempt]:
+        """Every attempt whose handler runs and that is not declared stuck."""
+        if self.lingering:
+            return [*self.attempts.values(), *self.lingering]
+        return list(self.attempts.values())
+
+
+def _ignore(deadline: float) -> None:
+    pass

@@ -1,0 +1,125 @@
+"""The producer: free workers ask it for jobs; it claims them from the store in batches.
+
+A worker with nothing to do calls :meth:`Producer.take`. When no claimed job
+is waiting for a worker, the caller claims for itself and for every worker
+parked behind it (``ClaimRequest.limit``: the free slots), keeps the first and
+hands out the rest; when none is ready it parks until a wake-up hint
+(:meth:`Producer.wake`, the store's ``on_ready``) or the next poll. Hints are
+only hints (they may come from another process, late, or not at all): every
+``poll_interval`` seconds :meth:`Producer.poll` wakes a parked worker to look
+again, so a lost one strands nobody. Only one claim is in flight at a time: with a remote store, workers
+that free up meanwhile wait for its batch rather than each asking the store.
+
+An in-process store answers a claim without waiting, so there each worker
+claims one job for itself (``limit=1``), the hot path of a drain.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import trio
+
+from .._model import Job
+from ..stores._base import ClaimRequest, Released, Store
+
+__all__ = ["Producer"]
+
+
+class Producer:
+    """Hands claimed jobs to free workers; see the module docstring.
+
+    ``node`` and ``lease`` go into every claim; ``poll_interval`` bounds how
+    long a parked worker waits for a hint (``math.inf``: hints only).
+    """
+
+    def __init__(self, store: Store, *, node: str, lease: float, poll_interval: float) -> None:
+        self._store = store
+        self._node = node
+        self._lease = lease
+        self._poll_interval = poll_interval
+        self._one = ClaimRequest(node, 1, lease)
+        self._lot = trio.lowlevel.ParkingLot()
+        self._generation = 0  # moves on with every hint: a claim that raced one looks again
+        self._claimed: collections.deque[Job] = collections.deque()  # claimed, waiting for a worker
+        self._claiming = False
+        self.stopping = False
+
+    def wake(self, n: int) -> None:
+        """The store's hint: ``n`` jobs may have become claimable."""
+        self._generation += 1
+        self._lot.unpark(count=n)
+
+    def stop(self) -> None:
+        """Claim nothing more; every parked and later :meth:`take` returns ``None``."""
+        self.stopping = True
+        self._lot.unpark_all()
+
+    async def take(self) -> Job | None:
+        """The next claimed job for the calling worker, or ``None`` once stopping."""
+        while not self.stopping:
+            if self._claimed:
+                return self._claimed.popleft()
+            generation = self._generation
+            if not self._claiming:
+                if len(self._lot) == 0:  # the hot path: claim one for this worker, inline
+                    self._claiming = True
+                    try:
+                        jobs = await self._store.claim(self._one)
+                    finally:
+                        self._claiming = False
+                    if jobs and not self.stopping:
+                        return jobs[0]
+                    job = await self._settle_claim(jobs)
+                else:
+                    job = await self._claim()
+                if job is not None:
+                    return job
+                if self.stopping:
+                    break
+            if generation == self._generation and not self._claimed:
+                await self._lot.park()
+        return None
+
+    async def _claim(self) -> Job | None:
+        """Claim for this worker and the parked ones; the caller's job, or ``None`` if none was ready."""
+        self._claiming = True
+        try:
+            jobs = await self._store.claim(ClaimRequest(self._node, len(self._lot) + 1, self._lease))
+        finally:
+            self._claiming = False
+        return await self._settle_claim(jobs)
+
+    async def _settle_claim(self, jobs: list[Job]) -> Job | None:
+        """Keep the first of ``jobs`` for the caller and hand the rest out (all back, if stopping)."""
+        if not jobs:
+            return None
+        if self.stopping:
+            with trio.CancelScope(shield=True):
+                await self._store.complete([Released(job.id, job.epoch) for job in jobs])
+            return None
+        if len(jobs) > 1:
+            self._claimed.extend(jobs[1:])
+            self._lot.unpark(count=len(jobs) - 1)
+        return jobs[0]
+
+    async def poll(self) -> None:
+        """Every ``poll_interval`` seconds, wake one parked worker to look again (runs until cancelled).
+
+        The fallback for lost hints: it claims for every parked worker, so one
+        wake-up is enough whatever number of jobs became ready unheard.
+        """
+        if self._poll_interval == math.inf:
+            return
+        while True:
+            await trio.sleep(self._poll_interval)
+            if len(self._lot) and not self._claimed:
+                self.wake(1)
+
+    async def close(self) -> None:
+        """Give back the jobs claimed for workers that never took them (after :meth:`stop`)."""
+        claimed, self._claimed = list(self._claimed), collections.deque()
+        if claimed:
+            with trio.CancelScope(shield=True):
+                await self._store.complete([Released(job.id, job.epoch) for job in claimed])
