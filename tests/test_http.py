@@ -12,6 +12,7 @@ from quart import Blueprint
 from quart_trio import QuartTrio
 
 import trioq
+import trioq.testing
 from trioq.http import blueprint, create_app
 
 from .apps import make_registry
@@ -300,7 +301,7 @@ async def test_an_unexpected_error_is_a_logged_json_500(
         assert response.content_type == "application/json"
         _assert_json_500(await response.get_json(), caplog)
     # A trioq error that is no refusal (here the fault plan's crash) is a bug to the client, not a 503.
-    monkeypatch.setattr(queue, "get", lambda job_id: _raise(trioq.SimulatedCrash("injected")))
+    monkeypatch.setattr(queue, "get", lambda job_id: _raise(trioq.testing.SimulatedCrash("injected")))
     response = await client.get("/jobs/x", headers=AUTH)
     assert response.status_code == 500 and "Retry-After" not in response.headers
 

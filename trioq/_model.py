@@ -132,14 +132,6 @@ class JobState(enum.StrEnum):
 _TERMINAL = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
 
 
-def _check_positive(name: str, value: float, *, allow_zero: bool) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise InvalidJob(f"{name} must be a number, got {value!r}", field=name)
-    if value != value or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise InvalidJob(f"{name} must be {bound}, got {value!r}", field=name)
-
-
 @attrs.frozen
 class Backoff:
     """Exponential backoff with jitter between attempts of a failing job.
@@ -155,11 +147,11 @@ class Backoff:
     jitter: float = 0.5
 
     def __attrs_post_init__(self) -> None:
-        _check_positive("backoff.base", self.base, allow_zero=True)
-        _check_positive("backoff.max", self.max, allow_zero=True)
-        _check_positive("backoff.jitter", self.jitter, allow_zero=True)
-        if not isinstance(self.factor, int | float) or self.factor < 1:
-            raise InvalidJob(f"backoff.factor must be >= 1, got {self.factor!r}", field="backoff.factor")
+        from ._validate import number  # it imports this module
+
+        for name in ("base", "max", "jitter"):
+            number(f"backoff.{name}", getattr(self, name), infinite=True)
+        number("backoff.factor", self.factor, minimum=1.0, infinite=True)
 
     def delay(self, attempt: int, draw: float) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based).

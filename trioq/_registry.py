@@ -8,7 +8,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import attrs
 
-from ._model import INT_MAX, INT_MIN, Backoff, InvalidJob, UnknownTask, is_storable_int, name_problem
+from . import _validate as validate
+from ._model import Backoff, InvalidJob, UnknownTask, name_problem
 
 __all__ = ["Registry", "TaskDef", "TaskKind"]
 
@@ -60,13 +61,6 @@ class TaskDef:
             raise InvalidJob(
                 f"{where}task {self.name!r} needs payload field(s) {sorted(missing)}", field=f"{where}payload"
             )
-
-
-def _optional_positive(name: str, value: float | None) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value != value:
-        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
 
 
 def _describe(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
@@ -206,15 +200,13 @@ class Registry:
             raise TypeError(f"{fn.__qualname__} is an async function; kind={kind!r} needs a plain function")
         if kind == "process" and ("<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"):
             raise TypeError(f"{fn.__qualname__}: process handlers must be module-level functions (they are pickled)")
-        if not is_storable_int(max_attempts, minimum=1):
-            raise ValueError(f"max_attempts must be an int from 1 to {INT_MAX}, got {max_attempts!r}")
-        if not is_storable_int(priority):
-            raise ValueError(f"priority must be an int from {INT_MIN} to {INT_MAX}, got {priority!r}")
-        _optional_positive("timeout", timeout)
-        _optional_positive("heartbeat_timeout", heartbeat_timeout)
+        validate.integer("max_attempts", max_attempts, minimum=1, error=ValueError)
+        validate.integer("priority", priority, error=ValueError)
+        validate.optional_number("timeout", timeout, above=True, infinite=True, error=ValueError)
+        validate.optional_number("heartbeat_timeout", heartbeat_timeout, above=True, infinite=True, error=ValueError)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"backoff must be a trioq.Backoff, got {backoff!r}")
-        no_retry_types = _exception_types(no_retry)
+        no_retry_types = validate.exception_types("no_retry", no_retry)
         params, required, takes_any = _describe(fn)
         definition = TaskDef(
             name=task_name,
@@ -264,12 +256,3 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._tasks)
-
-
-def _exception_types(value: object) -> tuple[type[BaseException], ...]:
-    """``no_retry`` as a tuple of exception types, else ``TypeError`` naming what is wrong."""
-    types = value if isinstance(value, tuple) else (value,)
-    for t in types:
-        if not (isinstance(t, type) and issubclass(t, BaseException)):
-            raise TypeError(f"no_retry must be an exception type or a tuple of them, got {t!r}")
-    return types

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .. import _validate as validate
 from .._model import (
     INT_MAX,
     INT_MIN,
@@ -27,9 +28,9 @@ from .._model import (
     Job,
     JobSpec,
     TrioqError,
-    is_storable_int,
 )
 from .._registry import Registry
+from .._validate import where as _where
 from ..stores._base import NewJob, Store, StoreConfig
 from ..stores.memory import MemoryStore
 from .exits import primary_error, without_cancelled
@@ -50,29 +51,6 @@ _LEASE = 30.0
 
 class WaitTimeout(TrioqError, TimeoutError):
     """:meth:`Queue.wait` gave up before the job reached a terminal state."""
-
-
-def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    try:
-        ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        ok = False
-    if not ok or value < minimum:
-        shown = repr(value) if len(repr(value)) < 40 else repr(value)[:37] + "..."
-        raise InvalidJob(f"{name} must be a finite number >= {minimum:g}, got {shown}", field=name)
-    return float(value)
-
-
-def _int(name: str, value: Any, *, minimum: int = INT_MIN) -> int:
-    """``value`` if it is an int in ``[minimum, INT_MAX]`` (the stores hold 64 bits), else InvalidJob."""
-    if not is_storable_int(value, minimum):
-        raise InvalidJob(f"{name} must be an integer from {minimum} to {INT_MAX}, got {value!r}", field=name)
-    return value
-
-
-def _where(index: int | None) -> str:
-    """The prefix naming a job of a batch in error messages and fields (``jobs[3].``)."""
-    return "" if index is None else f"jobs[{index}]."
 
 
 @attrs.define(eq=False)
@@ -218,17 +196,17 @@ class Queue:
             definition.check_payload(payload, _where(index))
         delay = spec.delay
         if not (type(delay) is float and 0.0 <= delay < math.inf):
-            delay = _number(f"{_where(index)}delay", delay)
+            delay = validate.number(f"{_where(index)}delay", delay)
         priority = spec.priority
         if priority is None:
             priority = definition.priority
         elif type(priority) is not int or not INT_MIN <= priority <= INT_MAX:
-            priority = _int(f"{_where(index)}priority", priority)
+            priority = validate.integer(f"{_where(index)}priority", priority)
         max_attempts = spec.max_attempts
         if max_attempts is None:
             max_attempts = definition.max_attempts
         elif type(max_attempts) is not int or not 1 <= max_attempts <= INT_MAX:
-            max_attempts = _int(f"{_where(index)}max_attempts", max_attempts, minimum=1)
+            max_attempts = validate.integer(f"{_where(index)}max_attempts", max_attempts, minimum=1)
         key = spec.key
         if key is not None and (not isinstance(key, str) or not key):
             where = _where(index)
@@ -267,12 +245,7 @@ class Queue:
         if timeout is None:
             deadline = math.inf
         else:
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-                raise InvalidJob(f"timeout must be a number >= 0 or None, got {timeout!r:.40}", field="timeout")
-            try:
-                deadline = trio.current_time() + timeout
-            except OverflowError:  # an int beyond any float: no limit
-                deadline = math.inf
+            deadline = trio.current_time() + validate.number("timeout", timeout, infinite=True)
         await trio.lowlevel.checkpoint()
         # Watch before reading the job: an outcome that lands while the store
         # call is in flight must still reach us.
@@ -463,18 +436,13 @@ async def open_queue(
     """
     if not isinstance(registry, Registry):
         raise TypeError(f"open_queue needs a trioq.Registry, got {type(registry).__name__}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"workers must be an int >= 0, got {workers!r}")
-    if heartbeat_timeout is not None and not heartbeat_timeout > 0:
-        raise ValueError(f"heartbeat_timeout must be > 0 seconds or None, got {heartbeat_timeout!r}")
-    if not shutdown_grace >= 0:
-        raise ValueError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace!r}")
-    if max_ready is not None and (isinstance(max_ready, bool) or not isinstance(max_ready, int) or max_ready < 1):
-        raise ValueError(f"max_ready must be an int >= 1 or None, got {max_ready!r}")
-    if not isinstance(precise_timers, bool):
-        raise TypeError(f"precise_timers must be True or False, got {precise_timers!r}")
-    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not poll_interval > 0:
-        raise ValueError(f"poll_interval must be a number of seconds > 0 (math.inf: hints only), got {poll_interval!r}")
+    validate.integer("workers", workers, minimum=0, error=ValueError)
+    validate.optional_number("heartbeat_timeout", heartbeat_timeout, above=True, infinite=True, error=ValueError)
+    validate.number("shutdown_grace", shutdown_grace, infinite=True, error=ValueError)
+    if max_ready is not None:
+        validate.integer("max_ready", max_ready, minimum=1, error=ValueError)
+    validate.flag("precise_timers", precise_timers)
+    poll_interval = validate.number("poll_interval", poll_interval, above=True, infinite=True, error=ValueError)
     if faults is not None:
         from .._testing.faults import FaultPlan, FaultSession
     if faults is not None and not isinstance(faults, FaultPlan):
@@ -487,7 +455,7 @@ async def open_queue(
         max_ready=max_ready,
         retention=retention,
         max_retained=max_retained,
-        poll_interval=float(poll_interval),
+        poll_interval=poll_interval,
     )
     if faults is not None:
         queue._faults = queue._pool.faults = FaultSession(
