@@ -586,3 +586,21 @@ async def test_a_job_cancelled_while_its_worker_waits_for_its_number_never_runs(
         await queue.join()
         assert (await queue.get(job.id)).state is trioq.JobState.CANCELLED
     assert ran == []
+
+
+async def test_the_plan_wraps_add_claim_and_the_handler_call_only_while_it_is_applied(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Faults reach a queue by wrapping (the store's add and claim, the executor's invoke), never by
+    a branch in production code: without a plan, nothing of the plan's is in place."""
+    store = trioq.MemoryStore()
+    plan = FaultPlan(seed=1).fail("quick", times=1)
+    async with trioq.open_queue(blocker, store=store, workers=1, faults=plan) as queue:
+        executor = queue._pool.executor
+        assert {"add", "claim"} <= set(vars(store)) and "invoke" in vars(executor)
+        job = await queue.wait((await queue.enqueue("quick")).id)
+    assert job.attempts == 2 and [i.kind for i in plan.injected] == ["fail"]
+    assert not {"add", "claim", "_open_log"} & set(vars(store)) and "invoke" not in vars(executor)
+    async with trioq.open_queue(blocker, store=store, workers=1) as queue:
+        assert "invoke" not in vars(queue._pool.executor)
+        assert (await queue.wait((await queue.enqueue("quick")).id)).attempts == 1

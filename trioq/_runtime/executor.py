@@ -21,7 +21,7 @@ import random
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -32,9 +32,6 @@ from ..stores._base import Failed, Outcome, Snoozed, Succeeded
 from .exits import SignalHandlers, attempt_failure, failure_text, leaves
 from .runners import ProcessRunner, ThreadRunner
 from .totals import Totals
-
-if TYPE_CHECKING:
-    from .._testing.faults import FaultSession
 
 __all__ = ["Executor"]
 
@@ -67,8 +64,6 @@ class Executor:
         self.attempts: dict[str, Attempt] = {}
         self.lingering: set[Attempt] = set()
         self.cancelled_claims: set[tuple[str, int]] = set()
-        #: A fault plan applied to this queue's attempts (trioq.testing), if any: it wraps the call.
-        self.faults: FaultSession | None = None
         #: Called with each attempt's deadline as it starts (the watchdog's wake-up).
         self.on_deadline: Callable[[float], None] = _ignore
 
@@ -104,12 +99,7 @@ class Executor:
             self.on_deadline(attempt.deadline)
         attempt.in_handler = True
         try:
-            if self.faults is not None:
-                result = await self.faults.attempt(job, lambda: self._call(worker, job, task, attempt))
-            elif task.kind == "async":  # the hot path, inline: a call less per job
-                result = await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload)
-            else:
-                result = await self._call(worker, job, task, attempt)
+            result = await self.invoke(worker, job, task, attempt)
         except BaseException as exc:
             # In a method of its own: a local here holding the exception
             # would keep it, its traceback and this frame in a cycle.
@@ -127,8 +117,12 @@ class Executor:
         attempt.ended = True
         return Succeeded(job.id, job.epoch, result)
 
-    async def _call(self, worker: Any, job: Job, task: TaskDef, attempt: Attempt) -> Any:
-        """Call the handler of ``task`` its own way (async, thread or process)."""
+    async def invoke(self, worker: Any, job: Job, task: TaskDef, attempt: Attempt) -> Any:
+        """Call the handler of ``task`` its own way (async, thread or process), inside the attempt.
+
+        The one place a handler is called: a fault plan (``trioq.testing``)
+        wraps this method of an executor to inject failures, hangs and delays.
+        """
         kind = task.kind
         if kind == "async":
             return await task.fn(JobContext(job, attempt, self._token, self._trio_thread), **job.payload)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -30,9 +29,6 @@ from .logs import debug_enabled, log_started
 from .producer import Producer
 from .totals import Totals
 from .watchdog import STUCK_GRACE, Watchdog
-
-if TYPE_CHECKING:
-    from .._testing.faults import FaultSession
 
 __all__ = ["STUCK_GRACE", "Totals", "WorkerPool"]
 
@@ -99,15 +95,6 @@ class WorkerPool:
         self._fatal_notes: set[str] = set()
         #: Called as ``observer(task, queue_wait_s, run_s)`` after each attempt.
         self.observers: list[Callable[[str, float, float], None]] = []
-
-    @property
-    def faults(self) -> FaultSession | None:
-        """A fault plan applied to this queue's attempts (trioq.testing), if any."""
-        return self.executor.faults
-
-    @faults.setter
-    def faults(self, session: FaultSession | None) -> None:
-        self.executor.faults = session
 
     # ------------------------------------------------------------ lifecycle
 
@@ -252,10 +239,6 @@ class WorkerPool:
                 if job is None:
                     return False
                 me.job = job
-                if executor.faults is not None:
-                    # Numbered at its claim, before any deadline runs: the
-                    # number must not depend on waiting for a CPU.
-                    await executor.faults.number(job.id)
                 task = me.task = registry.get(job.task)
                 me.started = perf_counter()
                 if self.observers:

@@ -155,16 +155,7 @@ class Queue:
         await trio.lowlevel.checkpoint_if_cancelled()
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
-        faults = self._faults
-        if faults is None:
-            jobs = await self.store.add(new, max_pending=self._max_ready)
-        else:
-            jobs = []
-            token = faults.enqueue_started()
-            try:
-                jobs = await self.store.add(new, max_pending=self._max_ready)
-            finally:
-                faults.enqueue_finished(token, jobs)
+        jobs = await self.store.add(new, max_pending=self._max_ready)
         self._totals.enqueued += len(jobs)
         return jobs
 
@@ -458,11 +449,12 @@ async def open_queue(
         poll_interval=poll_interval,
     )
     if faults is not None:
-        queue._faults = queue._pool.faults = FaultSession(
+        queue._faults = FaultSession(
             faults,
             registry=registry,
             heartbeat_timeout=heartbeat_timeout,
             store=queue.store,
+            executor=queue._pool.executor,
             on_crash=queue._die,
         )
     body_error: BaseException | None = None

@@ -25,10 +25,12 @@ import attrs
 import trio
 
 from .._model import Job
+from ..stores._base import ClaimRequest, NewJob
 from .crashlog import CrashLog, SimulatedCrash
 
 if TYPE_CHECKING:
     from .._registry import Registry, TaskDef
+    from .._runtime.executor import Executor
 
 __all__ = ["FaultPlan", "FaultSession", "Injection", "InjectedFailure", "Rule"]
 
@@ -297,7 +299,12 @@ def check_hang_allowed(tasks: Iterable[TaskDef], heartbeat_timeout: float | None
 class FaultSession:
     """A plan applied to one open queue (made by ``open_queue``; not public).
 
-    On a store with a log (one with a ``_open_log`` method: ``WALStore``),
+    While the plan is applied, the session stands in for three methods, as
+    instance attributes (:class:`_Wrapped`; :meth:`close` puts them back): the
+    store's ``add`` (to number jobs in enqueue order) and ``claim`` (to number
+    each job at its claim), and the executor's ``invoke`` (the one call of a
+    handler: failures, hangs and delays strike there). Production code has no
+    branch for a plan. On a store with a log (one with a ``_open_log`` method: ``WALStore``),
     the session stands in for that method on the store instance until
     :meth:`close`: the writer each store session opens comes wrapped in a
     :class:`~trioq._testing.crashlog.CrashLog`, which counts the queue's
@@ -314,6 +321,7 @@ class FaultSession:
         registry: Registry,
         heartbeat_timeout: float | None,
         store: Any,
+        executor: Executor | None = None,
         on_crash: Callable[[SimulatedCrash], None],
     ) -> None:
         self.plan = plan
@@ -333,11 +341,18 @@ class FaultSession:
             self.check(rule)
         if plan.crash_after is not None:
             self.arm_crash(plan.crash_after)
-        # Only once nothing can refuse the plan: close() undoes this.
-        self._shadowed: Any = None  # another session's stand-in on the same store, if any
+        # Only once nothing can refuse the plan: close() undoes these.
+        self._real_add = store.add
+        self._real_claim = store.claim
+        self._wrapped: list[_Wrapped] = [
+            _Wrapped.install(store, "add", self._add),
+            _Wrapped.install(store, "claim", self._claim),
+        ]
+        if executor is not None:  # None: numbering only (no attempts to strike)
+            self._real_invoke = executor.invoke
+            self._wrapped.append(_Wrapped.install(executor, "invoke", self._invoke))
         if self._open_real_log is not None:
-            self._shadowed = vars(store).get("_open_log")
-            store._open_log = self._open_log
+            self._wrapped.append(_Wrapped.install(store, "_open_log", self._open_log))
         plan._sessions.append(self)
 
     def check(self, rule: Rule) -> None:
@@ -381,18 +396,39 @@ class FaultSession:
         self._on_crash(exc)
 
     def close(self) -> None:
-        """Detach from the plan and the store (the queue closed); note how many records it wrote."""
+        """Detach from the plan, the store and the executor (the queue closed); note how many records it wrote."""
         if self in self.plan._sessions:
             self.plan._sessions.remove(self)
         self.arm_crash(None)
-        store = self._store
-        if self._open_real_log is not None and vars(store).get("_open_log") == self._open_log:
-            if self._shadowed is None:
-                del store._open_log
-            else:
-                store._open_log = self._shadowed
+        for wrapped in reversed(self._wrapped):
+            wrapped.remove()
+        self._wrapped.clear()
         if self.opened and self._log is not None:
             self.plan.records = self._log.records
+
+    # ------------------------------------------------------------ wrappers
+
+    async def _add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+        """The store's ``add``, numbering the jobs it added in enqueue order."""
+        added: list[Job] = []
+        token = self.enqueue_started()
+        try:
+            added = await self._real_add(jobs, max_pending=max_pending)
+        finally:
+            self.enqueue_finished(token, added)
+        return added
+
+    async def _claim(self, request: ClaimRequest) -> list[Job]:
+        """The store's ``claim``; each job is numbered at its claim, before any deadline runs (the
+        number must not depend on waiting for a CPU)."""
+        claimed: list[Job] = await self._real_claim(request)
+        for job in claimed:
+            await self.number(job.id)
+        return claimed
+
+    async def _invoke(self, worker: Any, job: Job, task: TaskDef, attempt: Any) -> Any:
+        """The executor's call of a handler, with the plan's faults."""
+        return await self.attempt(job, lambda: self._real_invoke(worker, job, task, attempt))
 
     # ---------------------------------------------------------- numbering
 
@@ -495,3 +531,27 @@ class FaultSession:
                 error=error,
             )
         )
+
+
+class _Wrapped:
+    """One method of an object stood in for by a wrapper (an instance attribute), until :meth:`remove`.
+
+    Wrappers nest: a second session on the same store wraps the first's, and
+    each removes only its own (the one it shadowed comes back).
+    """
+
+    def __init__(self, target: Any, name: str, wrapper: Callable[..., Any], shadowed: Any) -> None:
+        self._target, self._name, self._wrapper, self._shadowed = target, name, wrapper, shadowed
+
+    @classmethod
+    def install(cls, target: Any, name: str, wrapper: Callable[..., Any]) -> _Wrapped:
+        shadowed = vars(target).get(name)
+        setattr(target, name, wrapper)
+        return cls(target, name, wrapper, shadowed)
+
+    def remove(self) -> None:
+        if vars(self._target).get(self._name) == self._wrapper:
+            if self._shadowed is None:
+                delattr(self._target, self._name)
+            else:
+                setattr(self._target, self._name, self._shadowed)
