@@ -90,6 +90,9 @@ class Snooze(TrioqError):
         return (Snooze, (self.seconds,))
 
 
+#: The longest retry delay a Backoff gives, in seconds (100 years): past it, "never" in practice,
+#: and every store's clock arithmetic stays finite.
+MAX_DELAY = 100 * 365.25 * 86400.0
 #: Snoozes a job may take (since its enqueue or its last retry) before its next one kills it.
 MAX_SNOOZES = 1000
 #: Failed attempts a job keeps in ``Job.errors`` (the most recent ones).
@@ -157,14 +160,16 @@ class Backoff:
         """Seconds to wait after failed attempt number ``attempt`` (1-based).
 
         ``draw`` is a uniform random number in [0, 1); passing it in keeps this
-        pure and lets tests pin it.
+        pure and lets tests pin it. Never more than :data:`MAX_DELAY` (infinite
+        or huge settings, ``max=math.inf`` among them, reach that and stay).
         """
         exponent = max(attempt - 1, 0)
         try:
             raw = self.base * self.factor**exponent
         except OverflowError:
             raw = self.max
-        return min(self.max, raw) * (1.0 + self.jitter * draw)
+        delay = min(self.max, raw) * (1.0 + self.jitter * draw)
+        return delay if 0.0 <= delay <= MAX_DELAY else (0.0 if delay < 0.0 else MAX_DELAY)
 
 
 @attrs.frozen

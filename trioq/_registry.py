@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
+import trio
 
 from . import _validate as validate
 from ._model import Backoff, InvalidJob, UnknownTask, name_problem
@@ -207,6 +208,10 @@ class Registry:
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"backoff must be a trioq.Backoff, got {backoff!r}")
         no_retry_types = validate.exception_types("no_retry", no_retry)
+        for t in no_retry_types:
+            if issubclass(t, BaseExceptionGroup | trio.Cancelled):
+                # Matched against the exceptions a group holds, and a Cancelled is never a failure.
+                raise TypeError(f"no_retry cannot hold {t.__qualname__}: name the exception types a handler raises")
         params, required, takes_any = _describe(fn)
         definition = TaskDef(
             name=task_name,

@@ -118,7 +118,9 @@ class Completer:
             totals.released += 1
             return
         else:
-            if kind is not Snoozed or state is _DEAD:  # past MAX_SNOOZES a snooze kills
+            if kind is Snoozed and state is not _DEAD:
+                totals.snoozed += 1
+            else:  # a failure (past MAX_SNOOZES a snooze kills: one too)
                 totals.failed_attempts += 1
                 if state is _DEAD:
                     totals.dead += 1

@@ -28,6 +28,7 @@ import trio
 from .._context import Attempt, JobContext
 from .._model import Backoff, InvalidJob, Job, NoRetry, Snooze, error_text
 from .._registry import Registry, TaskDef
+from .._validate import number
 from ..stores._base import Failed, Outcome, Snoozed, Succeeded
 from .exits import SignalHandlers, attempt_failure, failure_text, leaves
 from .runners import ProcessRunner, ThreadRunner
@@ -92,6 +93,10 @@ class Executor:
         attempts = self.attempts
         previous = attempts.get(job.id)
         if previous is not None:  # its body still runs: it stays watched
+            if previous.job.epoch == job.epoch:
+                # The store gave the same claim twice: one attempt runs it.
+                _log.error("job %s (%s) was claimed twice under epoch %d; it runs once", job.id, job.task, job.epoch)
+                return None
             self.lingering.add(previous)
         attempts[job.id] = attempt
         if attempt.deadline != math.inf:
@@ -138,33 +143,35 @@ class Executor:
             return None
         attempt.ended = True
         job, task = attempt.job, attempt.task
-        if failure is None:  # its deadline stopped it
+        found = leaves(failure) if failure is not None else []
+        snoozed = len(found) == 1 and isinstance(found[0], Snooze)
+        if failure is None or (snoozed and deadline_hit):
+            # Its deadline stopped it (a snooze it raised on the way out
+            # changes nothing: a timeout is a failure, as max_attempts counts).
             hung = attempt.missed_heartbeat
             if hung:
                 self._totals.hung += 1
             else:
                 self._totals.timed_out += 1
             return self._failed(job, task, attempt.deadline_error(), None, at_once=hung)
-        found = leaves(failure)
-        if len(found) == 1 and isinstance(found[0], Snooze):
-            return self._snoozed(job, found[0])
+        if snoozed:
+            return self._snoozed(job, task, found[0])
         no_retry = bool(found) and all(
             isinstance(leaf, NoRetry) or (task.no_retry and isinstance(leaf, task.no_retry)) for leaf in found
         )
         text = "".join(traceback.format_exception(failure))
         return self._failed(job, task, failure_text(failure), text, no_retry=no_retry)
 
-    def _snoozed(self, job: Job, snooze: Snooze) -> Outcome:
-        seconds = snooze.seconds
+    def _snoozed(self, job: Job, task: TaskDef, snooze: BaseException) -> Outcome:
+        """A snooze, if its ``seconds`` is a number of seconds; else the attempt fails (counted)."""
         try:
-            ok = not isinstance(seconds, bool) and isinstance(seconds, int | float) and math.isfinite(seconds)
-        except OverflowError:
-            ok = False
-        if not ok or seconds < 0:
-            problem = InvalidJob(f"trioq.Snooze needs a finite number of seconds >= 0, got {seconds!r:.60}")
-            return self._failed(job, None, error_text(problem), None)
-        self._totals.snoozed += 1
-        return Snoozed(job.id, job.epoch, float(seconds))
+            seconds = number("trioq.Snooze seconds", getattr(snooze, "seconds", None))
+        except Exception as exc:  # anything the handler's value does while it is looked at
+            problem = (
+                exc if isinstance(exc, InvalidJob) else InvalidJob(f"trioq.Snooze needs seconds: {error_text(exc)}")
+            )
+            return self._failed(job, task, error_text(problem), None)
+        return Snoozed(job.id, job.epoch, seconds)
 
     def _failed(
         self,
@@ -196,17 +203,12 @@ class Executor:
         """Stop the attempt running ``job_id`` under ``epoch`` (the job was cancelled).
 
         Returns whether a running attempt was stopped (the watchdog should
-        look at its new deadline); a claim whose attempt has not started yet
-        is remembered and never starts.
+        look at its new deadline). A claim whose attempt has not started is
+        the pool's to stop (it knows its workers' claims: see
+        ``cancelled_claims``).
         """
         attempt = self.attempts.get(job_id)
-        if attempt is None or attempt.job.epoch < epoch:
-            # Claimed (the store says running) but not started yet (an older
-            # attempt of the job may linger): the worker holding the claim
-            # checks this before the handler runs.
-            self.cancelled_claims.add((job_id, epoch))
-            return False
-        if attempt.job.epoch != epoch:
+        if attempt is None or attempt.job.epoch != epoch:
             return False
         attempt.ended = True  # the store already recorded the outcome: cancelled
         attempt.set_deadline(trio.current_time())

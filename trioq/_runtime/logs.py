@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
+import traceback
 from time import perf_counter
 from typing import Any
 
 from .._model import Job, JobState
 from ..stores._base import Failed, Outcome, Snoozed, Succeeded
 
-__all__ = ["debug_enabled", "job_fields", "log_outcome", "log_started"]
+__all__ = ["debug_enabled", "emit", "job_fields", "log_outcome", "log_started"]
 
 log = logging.getLogger("trioq")
 
@@ -48,9 +50,21 @@ def job_fields(job: Job, **more: Any) -> dict[str, Any]:
     } | more
 
 
+def emit(level: int, message: str, *args: Any, extra: dict[str, Any]) -> None:
+    """``log.log(level, ...)``, except that a handler or filter of the application's that raises
+    cannot stop the queue: the error is printed to stderr, as ``logging`` itself does for a
+    handler's error (when ``logging.raiseExceptions``), and the job's outcome stands."""
+    try:
+        log.log(level, message, *args, extra=extra)
+    except Exception:
+        if logging.raiseExceptions:
+            sys.stderr.write("--- trioq: a logging handler or filter raised (the job is unaffected) ---\n")
+            traceback.print_exc(file=sys.stderr)
+
+
 def log_started(job: Job) -> None:
     """``DEBUG``: an attempt of ``job`` starts."""
-    log.debug("job %s (%s) attempt %d started", job.id, job.task, job.attempts + 1, extra=job_fields(job))
+    emit(logging.DEBUG, "job %s (%s) attempt %d started", job.id, job.task, job.attempts + 1, extra=job_fields(job))
 
 
 def log_outcome(job: Job, outcome: Outcome, state: JobState, started: float) -> None:
@@ -60,10 +74,10 @@ def log_outcome(job: Job, outcome: Outcome, state: JobState, started: float) -> 
     fields = job_fields(job, duration=duration)
     attempt = job.attempts + 1
     if type(outcome) is Succeeded and state is not _DEAD:
-        log.debug("job %s (%s) succeeded in %.3fs", job.id, job.task, duration, extra=fields)
+        emit(logging.DEBUG, "job %s (%s) succeeded in %.3fs", job.id, job.task, duration, extra=fields)
         return
     if type(outcome) is Snoozed and state is not _DEAD:
-        log.debug("job %s (%s) snoozed for %gs", job.id, job.task, outcome.delay, extra=fields)
+        emit(logging.DEBUG, "job %s (%s) snoozed for %gs", job.id, job.task, outcome.delay, extra=fields)
         return
     if type(outcome) is Failed:
         error = outcome.error
@@ -75,10 +89,9 @@ def log_outcome(job: Job, outcome: Outcome, state: JobState, started: float) -> 
     fields["error"] = error
     shown = f"{error}\n{trace.rstrip()}" if trace else error
     if state is _DEAD:
-        log.error("job %s (%s) is dead after attempt %d: %s", job.id, job.task, attempt, shown, extra=fields)
+        emit(logging.ERROR, "job %s (%s) is dead after attempt %d: %s", job.id, job.task, attempt, shown, extra=fields)
     else:
         retry_in = outcome.retry_in if type(outcome) is Failed else None
         again = "at once" if not retry_in else f"in {retry_in:.3g}s"
-        log.warning(
-            "job %s (%s) attempt %d failed, runs again %s: %s", job.id, job.task, attempt, again, shown, extra=fields
-        )
+        message = "job %s (%s) attempt %d failed, runs again %s: %s"
+        emit(logging.WARNING, message, job.id, job.task, attempt, again, shown, extra=fields)

@@ -16,6 +16,7 @@ import math
 import trio
 
 from ..stores._base import Store
+from .logs import emit
 
 __all__ = ["Maintenance"]
 
@@ -23,8 +24,6 @@ __all__ = ["Maintenance"]
 # converted to trio time and back can round a hair early, and promoting a job
 # "almost due" would spin the timer under an autojump clock.
 _TIMER_SLACK = 1e-5
-
-_log = logging.getLogger("trioq")
 
 
 class Maintenance:
@@ -77,6 +76,5 @@ class Maintenance:
             await trio.sleep(self._poll_interval)
             rescued = await self._store.rescue()
             if rescued:
-                _log.warning(
-                    "rescued %d running job(s) of nodes whose lease lapsed", rescued, extra={"rescued": rescued}
-                )
+                message = "rescued %d running job(s) of nodes whose lease lapsed"
+                emit(logging.WARNING, message, rescued, extra={"rescued": rescued})

@@ -86,6 +86,7 @@ class WorkerPool:
         )
         self.watchdog = Watchdog(self.executor, on_stuck=self._stuck_worker, record=self._record_hung)
         self.executor.on_deadline = self.watchdog.watch
+        self._workers: set[_Worker] = set()  # live worker tasks, stuck ones included
         self._healthy = 0
         self._stuck = 0
         self._replaced = 0
@@ -101,21 +102,30 @@ class WorkerPool:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the workers and their helpers until :meth:`cancel` (or the caller) stops them."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._guarded, self.watchdog.run)
-                nursery.start_soon(self._guarded, self.producer.poll)
-                nursery.start_soon(self._guarded, self._extend_leases)
-                nursery.start_soon(self._guarded, self.completer.run)
-                for slot in range(self.size):
-                    nursery.start_soon(self._work, slot)
-                if self.size == 0:
-                    self._drained.set()
-                task_status.started()
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._guarded, self.watchdog.run)
+                    nursery.start_soon(self._guarded, self.producer.poll)
+                    nursery.start_soon(self._guarded, self._extend_leases)
+                    nursery.start_soon(self._guarded, self.completer.run)
+                    for slot in range(self.size):
+                        nursery.start_soon(self._work, slot)
+                    if self.size == 0:
+                        self._drained.set()
+                    task_status.started()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.producer.close()
+                    await self.completer.drain()  # outcomes handed over as the workers unwound
+        except BaseException as exc:
+            # A store error stopped the pool, and the queue's cancel came
+            # after it (a crash during the shutdown drain): the error is what
+            # happened, the cancel only its consequence.
+            if self._fatal is not None and without_cancelled(exc) is None:
+                raise self._fatal from None
+            raise
         finally:
-            with trio.CancelScope(shield=True):
-                await self.producer.close()
-                await self.completer.drain()  # outcomes handed over as the workers unwound
             self.executor.processes.close()
         if self._fatal is not None:
             raise self._fatal
@@ -127,8 +137,14 @@ class WorkerPool:
             self._crash(exc)
 
     async def _extend_leases(self) -> None:
-        attempts = self.executor.attempts
-        await self.completer.extend_leases(lambda: [(a.job.id, a.job.epoch) for a in attempts.values()])
+        await self.completer.extend_leases(self._held)
+
+    def _held(self) -> list[tuple[str, int]]:
+        """Every claim this node holds: its workers' (running, or waiting for a CPU) and the
+        producer's not yet taken."""
+        held = [(w.job.id, w.job.epoch) for w in self._workers if w.job is not None and not w.stuck]
+        held.extend((job.id, job.epoch) for job in self.producer.waiting())
+        return held
 
     def _crash(self, exc: Exception) -> None:
         """A store call failed outside any handler: stop the pool and report the first error.
@@ -168,9 +184,21 @@ class WorkerPool:
             self._nursery.cancel_scope.cancel()
 
     def cancel_attempt(self, job_id: str, epoch: int) -> None:
-        """The store's ``on_cancel`` hint: stop the attempt running ``job_id`` under ``epoch``."""
+        """The store's ``on_cancel`` hint: stop the attempt running ``job_id`` under ``epoch``.
+
+        A claim whose attempt has not started (waiting for a CPU, for a fault
+        plan's numbering, or in the producer) never starts; one whose attempt
+        has ended already needs nothing (its outcome will be refused).
+        """
         if self.executor.cancel_attempt(job_id, epoch):
             self.watchdog.watch(trio.current_time())
+            return
+        if self.producer.drop(job_id, epoch):
+            return
+        for worker in self._workers:
+            job = worker.job
+            if job is not None and job.id == job_id and job.epoch == epoch and worker.attempt is None:
+                self.executor.cancelled_claims.add((job_id, epoch))
 
     def _lost(self, job_id: str, epoch: int) -> None:
         """The store no longer gives this node ``job_id`` under ``epoch`` (a lease renewal said so)."""
@@ -202,6 +230,7 @@ class WorkerPool:
     async def _work(self, slot: int) -> None:
         me = _Worker(slot)
         self._healthy += 1
+        self._workers.add(me)
         try:
             while await self._serve(me):
                 pass
@@ -220,6 +249,7 @@ class WorkerPool:
                     await self.completer.complete(Released(job.id, job.epoch), job, me.started)
             raise
         finally:
+            self._workers.discard(me)
             if me.stuck:
                 self._stuck -= 1
             else:

@@ -44,12 +44,18 @@ class Producer:
         self._generation = 0  # moves on with every hint: a claim that raced one looks again
         self._claimed: collections.deque[Job] = collections.deque()  # claimed, waiting for a worker
         self._claiming = False
+        self._hinted = 0  # hints heard while a claim was in flight
         self.stopping = False
 
     def wake(self, n: int) -> None:
         """The store's hint: ``n`` jobs may have become claimable."""
         self._generation += 1
-        self._lot.unpark(count=n)
+        if self._claiming:
+            # The workers it wakes would see the claim in flight and park
+            # again: the claimer wakes them once its claim is back.
+            self._hinted += n
+        else:
+            self._lot.unpark(count=n)
 
     def stop(self) -> None:
         """Claim nothing more; every parked and later :meth:`take` returns ``None``."""
@@ -69,7 +75,13 @@ class Producer:
                         jobs = await self._store.claim(self._one)
                     finally:
                         self._claiming = False
-                    if jobs and not self.stopping:
+                        if self._hinted:
+                            self._wake_hinted()
+                    if len(jobs) == 1 and not self.stopping:
+                        if len(self._lot):
+                            # Workers parked while this claim was in flight:
+                            # one of them looks for more (and claims for all).
+                            self._lot.unpark()
                         return jobs[0]
                     job = await self._settle_claim(jobs)
                 else:
@@ -89,12 +101,28 @@ class Producer:
             jobs = await self._store.claim(ClaimRequest(self._node, len(self._lot) + 1, self._lease))
         finally:
             self._claiming = False
+            if self._hinted:
+                self._wake_hinted()
         return await self._settle_claim(jobs)
 
+    def _wake_hinted(self) -> None:
+        n, self._hinted = self._hinted, 0
+        self._lot.unpark(count=n)
+
     async def _settle_claim(self, jobs: list[Job]) -> Job | None:
-        """Keep the first of ``jobs`` for the caller and hand the rest out (all back, if stopping)."""
+        """Keep the first of ``jobs`` for the caller and hand the rest out (all back, if stopping).
+
+        A store that gives more than asked is served all the same (the extras
+        wait here for a worker); one that gives a job twice in a batch is
+        believed once.
+        """
         if not jobs:
             return None
+        if len(jobs) > 1 and len({job.id for job in jobs}) < len(jobs):
+            unique: dict[str, Job] = {}
+            for job in jobs:
+                unique.setdefault(job.id, job)
+            jobs = list(unique.values())
         if self.stopping:
             with trio.CancelScope(shield=True):
                 await self._store.complete([Released(job.id, job.epoch) for job in jobs])
@@ -103,6 +131,18 @@ class Producer:
             self._claimed.extend(jobs[1:])
             self._lot.unpark(count=len(jobs) - 1)
         return jobs[0]
+
+    def waiting(self) -> list[Job]:
+        """The jobs claimed for workers that have not taken them yet (their leases are renewed too)."""
+        return list(self._claimed)
+
+    def drop(self, job_id: str, epoch: int) -> bool:
+        """Forget the waiting claim of ``job_id`` under ``epoch`` (the job was cancelled); whether one was."""
+        for job in self._claimed:
+            if job.id == job_id and job.epoch == epoch:
+                self._claimed.remove(job)
+                return True
+        return False
 
     async def poll(self) -> None:
         """Every ``poll_interval`` seconds, wake one parked worker to look again (runs until cancelled).

@@ -21,7 +21,7 @@ import trio
 from .._context import Attempt
 from ..stores._base import Failed
 from .executor import Executor
-from .logs import job_fields
+from .logs import emit, job_fields
 
 __all__ = ["STUCK_GRACE", "Watchdog"]
 
@@ -29,8 +29,6 @@ __all__ = ["STUCK_GRACE", "Watchdog"]
 #: Cancellable handlers return within microseconds of the deadline; only code
 #: that shields itself from cancellation gets near this.
 STUCK_GRACE = 1.0
-
-_log = logging.getLogger("trioq")
 
 
 class Watchdog:
@@ -101,7 +99,8 @@ class Watchdog:
         else:
             return
         self._on_stuck(attempt)
-        _log.warning(
+        emit(
+            logging.WARNING,
             "job %s (%s): its worker is stuck %gs past the attempt's deadline; a new worker takes its slot",
             job.id,
             job.task,

@@ -1,0 +1,250 @@
+"""Edges of the runtime a hostile review found: stores that misbehave, odd handler values, races.
+
+Each test failed before its fix (session 7's review); the store here is a MemoryStore behind a
+wrapper with knobs, as a remote store could behave.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+import trioq
+from trioq import JobState
+from trioq.stores import ClaimRequest, MemoryStore, Outcome, StoreConfig
+
+
+class _Wrapped:
+    """A MemoryStore behind knobs: slow claims, claims of more (or the same job twice), failing calls."""
+
+    def __init__(
+        self,
+        *,
+        batch: bool = False,
+        claim_sleep: float = 0.0,
+        extra_claims: int = 0,
+        twice: bool = False,
+        complete_fails: bool = False,
+        extend_fails_at: float = math.inf,
+        deaf_to_ready: bool = False,
+    ) -> None:
+        self.inner = MemoryStore()
+        self.batch_outcomes = batch
+        self.claim_sleep = claim_sleep
+        self.extra_claims = extra_claims
+        self.twice = twice
+        self.complete_fails = complete_fails
+        self.extend_fails_at = extend_fails_at
+        self.deaf_to_ready = deaf_to_ready
+        self.renewed: dict[str, list[float]] = {}
+
+    def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:
+        if self.deaf_to_ready:
+            config = attrs.evolve(config, on_ready=lambda n: None)
+        return self.inner.session(config)
+
+    async def claim(self, request: ClaimRequest) -> list[trioq.Job]:
+        if self.claim_sleep:
+            await trio.sleep(self.claim_sleep)
+        if self.extra_claims:
+            request = ClaimRequest(request.node, request.limit + self.extra_claims, request.lease)
+        jobs = await self.inner.claim(request)
+        return jobs + jobs[:1] if self.twice else jobs
+
+    async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
+        if self.complete_fails:
+            raise ConnectionError("store down (complete)")
+        return await self.inner.complete(outcomes)
+
+    async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
+        if trio.current_time() >= self.extend_fails_at:
+            raise ConnectionError("store down (extend)")
+        for job_id, _ in held:
+            self.renewed.setdefault(job_id, []).append(trio.current_time())
+        return await self.inner.extend(node, held, lease)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _registry(live: list[int] | None = None) -> trioq.Registry:
+    registry = trioq.Registry()
+    peak = live if live is not None else [0, 0]
+
+    @registry.task
+    async def work(ctx: trioq.JobContext, seconds: float = 3.0) -> None:
+        peak[0] += 1
+        peak[1] = max(peak[1], peak[0])
+        try:
+            await trio.sleep(seconds)
+        finally:
+            peak[0] -= 1
+
+    @registry.task(timeout=1.0, max_attempts=3, backoff=trioq.Backoff(base=0.1, jitter=0.0))
+    async def snoozes_on_timeout(ctx: trioq.JobContext) -> None:
+        try:
+            await trio.sleep(10)
+        except trio.Cancelled:
+            raise trioq.Snooze(1.0) from None
+
+    @registry.task(max_attempts=2, backoff=trioq.Backoff(base=100.0, jitter=0.0))
+    async def bad_snooze(ctx: trioq.JobContext, how: str) -> None:
+        raise trioq.Snooze(_BadSeconds() if how == "raises" else -1.0)  # type: ignore[arg-type]
+
+    @registry.task(max_attempts=2, backoff=trioq.Backoff(base=1.0, factor=math.inf, max=math.inf))
+    async def fails(ctx: trioq.JobContext) -> None:
+        raise RuntimeError("again")
+
+    return registry
+
+
+class _BadSeconds(float):
+    def __ge__(self, other: object) -> bool:
+        raise RuntimeError("comparing these seconds fails")
+
+
+async def test_a_store_error_during_the_shutdown_drain_comes_out(autojump_clock: trio.testing.MockClock) -> None:
+    store = _Wrapped(complete_fails=True)
+    with pytest.raises(ConnectionError, match="store down"):
+        async with trioq.open_queue(_registry(), store=store, workers=2, shutdown_grace=100) as queue:  # type: ignore[arg-type]
+            await queue.enqueue("work")
+            await trio.sleep(0.1)  # the attempt finishes during the drain; its outcome fails
+
+
+async def test_a_lease_renewal_failing_during_the_drain_comes_out(autojump_clock: trio.testing.MockClock) -> None:
+    store = _Wrapped(extend_fails_at=5.0)
+    with pytest.raises(ConnectionError, match="store down"):
+        async with trioq.open_queue(_registry(), store=store, workers=1, shutdown_grace=100) as queue:  # type: ignore[arg-type]
+            await queue.enqueue("work", {"seconds": 60.0})
+            await trio.sleep(1)
+
+
+async def test_a_store_that_gives_more_than_asked_strands_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    store = _Wrapped(extra_claims=2)
+    async with trioq.open_queue(_registry(), store=store, workers=1) as queue:  # type: ignore[arg-type]
+        await trio.sleep(0.5)
+        await queue.enqueue_many([trioq.JobSpec("work", {"seconds": 0.1}) for _ in range(3)])
+        with trio.fail_after(30):
+            await queue.join()
+        assert (await queue.stats())["jobs"]["succeeded"] == 3
+
+
+async def test_the_same_claim_twice_runs_once(autojump_clock: trio.testing.MockClock) -> None:
+    live = [0, 0]
+    store = _Wrapped(twice=True)
+    async with trioq.open_queue(_registry(live), store=store, workers=4) as queue:  # type: ignore[arg-type]
+        await trio.sleep(0.5)
+        job = await queue.enqueue("work")
+        assert (await queue.wait(job.id, timeout=30)).state is JobState.SUCCEEDED
+    assert live[1] == 1
+
+
+async def test_workers_parked_behind_a_slow_claim_are_not_left_parked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    live = [0, 0]
+    store = _Wrapped(claim_sleep=0.05)
+    async with trioq.open_queue(_registry(live), store=store, workers=3, poll_interval=math.inf) as queue:  # type: ignore[arg-type]
+        await queue.enqueue_many([trioq.JobSpec("work") for _ in range(6)])
+        await trio.sleep(0.5)
+        assert (await queue.stats())["workers"]["busy"] == 3
+        await queue.join()
+    assert live[1] == 3
+
+
+async def test_a_claim_waiting_for_a_cpu_keeps_its_lease_and_a_cancel_stops_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A process job whose worker waits for a CPU holds its claim: the lease is renewed, and a cancel
+    meanwhile means its attempt never starts."""
+    from .handlers import square
+
+    registry = trioq.Registry()
+    registry.add(square, kind="process")
+    store = _Wrapped()
+    async with trioq.open_queue(registry, store=store, workers=1) as queue:  # type: ignore[arg-type]
+        cpus = queue._pool.executor.processes.cpus
+        holders = [object() for _ in range(int(cpus.total_tokens))]
+        for holder in holders:  # every CPU taken: the claimed job waits
+            await cpus.acquire_on_behalf_of(holder)
+        job = await queue.enqueue("square", {"n": 3})
+        await trio.sleep(35)
+        assert len(store.renewed.get(job.id, [])) >= 3  # every 10 s of the 30 s lease
+        await queue.cancel(job.id)
+        for holder in holders:
+            cpus.release_on_behalf_of(holder)
+        await trio.sleep(1)
+        stats = await queue.stats()
+    assert stats["workers"]["busy"] == 0 and stats["totals"]["succeeded"] == 0
+    assert not queue._pool.executor.cancelled_claims
+
+
+async def test_a_snooze_raised_as_a_timeout_cancels_it_is_still_a_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trioq.open_queue(_registry(), workers=1) as queue:
+        job = await queue.wait((await queue.enqueue("snoozes_on_timeout")).id, timeout=60)
+    assert job.state is JobState.DEAD and job.attempts == 3
+    assert job.error is not None and job.error.startswith("AttemptTimeout")
+
+
+@pytest.mark.parametrize("how", ["raises", "negative"])
+async def test_a_snooze_whose_seconds_misbehave_fails_the_attempt_with_the_tasks_backoff(
+    how: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with trioq.open_queue(_registry(), workers=1) as queue:
+        job = await queue.enqueue("bad_snooze", {"how": how})
+        await trio.sleep(1)
+        job = await queue.get(job.id)
+    assert job.state is JobState.SCHEDULED and job.attempts == 1
+    assert job.error is not None and job.error.startswith("InvalidJob: trioq.Snooze")
+    assert job.run_at - job.created_at >= 99.0  # the task's backoff, not the default 0.5 s
+
+
+async def test_an_infinite_backoff_schedules_far_away_instead_of_crashing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trioq.open_queue(_registry(), workers=1) as queue:
+        job = await queue.enqueue("fails")
+        await trio.sleep(1)
+        job = await queue.get(job.id)
+    assert job.state is JobState.SCHEDULED and job.attempts == 1
+    assert math.isfinite(job.run_at) and job.run_at - job.created_at <= trioq._model.MAX_DELAY
+
+
+async def test_a_logging_filter_that_raises_does_not_stop_the_queue(
+    autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Broken(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            raise RuntimeError("filter broke")
+
+    logger = logging.getLogger("trioq")
+    broken = Broken()
+    logger.addFilter(broken)
+    try:
+        async with trioq.open_queue(_registry(), workers=1) as queue:
+            job = await queue.wait((await queue.enqueue("fails")).id, timeout=60)
+    finally:
+        logger.removeFilter(broken)
+    assert job.attempts >= 1
+    assert "a logging handler or filter raised" in capsys.readouterr().err
+
+
+def test_no_retry_refuses_types_that_never_match() -> None:
+    registry = trioq.Registry()
+
+    async def handler(ctx: trioq.JobContext) -> None: ...
+
+    for bad in (ExceptionGroup, trio.Cancelled):
+        with pytest.raises(TypeError, match="no_retry cannot hold"):
+            registry.add(handler, name=f"h{bad.__name__}", no_retry=bad)
+    assert registry.add(handler, name="fine", no_retry=(trioq.NoRetry, KeyboardInterrupt)).no_retry
