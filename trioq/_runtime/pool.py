@@ -19,9 +19,9 @@ import attrs
 import trio
 
 from .._context import Attempt
-from .._model import Job, error_text
+from .._model import Job, JobState, error_text
 from .._registry import Registry, TaskDef
-from ..stores._base import Failed, Outcome, Released, Store
+from ..stores._base import Failed, Outcome, Released, Store, Succeeded
 from .completer import Completer
 from .executor import Executor
 from .exits import without_cancelled
@@ -46,6 +46,8 @@ class _Worker:
     stuck: bool = False
     unyielded: int = 0
 
+
+_SUCCEEDED = JobState.SUCCEEDED
 
 #: A worker checkpoints after this many jobs in a row (see _serve).
 _JOBS_PER_CHECKPOINT = 4
@@ -79,6 +81,7 @@ class WorkerPool:
         self._store = store
         self._clock = clock
         self._totals = totals
+        self._on_outcome = on_outcome
         self.producer = Producer(store, node=node, lease=lease, poll_interval=poll_interval)
         self.executor = Executor(registry=registry, heartbeat_timeout=heartbeat_timeout, processes=size, totals=totals)
         self.completer = Completer(
@@ -273,7 +276,8 @@ class WorkerPool:
                 me.started = perf_counter()
                 if self.observers:
                     me.wall_started = self._clock()
-                if debug_enabled():
+                debug = debug_enabled()
+                if debug:
                     log_started(job)
                 if task is not None and task.kind != "process":  # the hot path: one call less
                     outcome = await executor.attempt(me, scope, job, task)
@@ -284,7 +288,7 @@ class WorkerPool:
                 # have spent the scope; asking trio costs a clock read per job.
                 if attempt is not None and attempt.deadline != math.inf and scope.cancel_called:
                     break  # settle outside the spent scope
-                await self._settle(me, outcome)
+                await self._settle(me, outcome, debug)
                 if me.stuck:
                     return False
                 # Handlers that never yield must not let one worker starve the
@@ -294,11 +298,12 @@ class WorkerPool:
                 if me.unyielded >= _JOBS_PER_CHECKPOINT:
                     me.unyielded = 0
                     await trio.lowlevel.checkpoint()
-        await self._settle(me, outcome)
+        await self._settle(me, outcome, debug)
         return not me.stuck
 
-    async def _settle(self, me: _Worker, outcome: Outcome | None) -> None:
-        """Record the outcome of ``me``'s attempt (``None``: decided already) under its epoch."""
+    async def _settle(self, me: _Worker, outcome: Outcome | None, debug: bool = False) -> None:
+        """Record the outcome of ``me``'s attempt (``None``: decided already) under its epoch;
+        ``debug``: whether ``trioq`` logs at DEBUG (asked once per attempt)."""
         job, task = me.job, me.task
         assert job is not None
         if self.observers and task is not None:
@@ -311,7 +316,12 @@ class WorkerPool:
                 if completer.batched:
                     await completer.complete(outcome, job, me.started)
                 else:  # inline, one call less: the hottest call of a drain
-                    completer.count(outcome, (await self._store.complete((outcome,)))[0], job, me.started)
+                    state = (await self._store.complete((outcome,)))[0]
+                    if state is _SUCCEEDED and not debug and type(outcome) is Succeeded:
+                        self._totals.succeeded += 1  # Completer.count's first case, unrolled
+                        self._on_outcome()
+                    else:
+                        completer.count(outcome, state, job, me.started)
         finally:
             executor = self.executor
             if executor.cancelled_claims:

@@ -44,6 +44,7 @@ class Producer:
         self._generation = 0  # moves on with every hint: a claim that raced one looks again
         self._claimed: collections.deque[Job] = collections.deque()  # claimed, waiting for a worker
         self._claiming = False
+        self._parked = 0  # workers parked in the lot (its len() is a Python call: this is the hot path)
         self._hinted = 0  # hints heard while a claim was in flight
         self.stopping = False
 
@@ -69,7 +70,7 @@ class Producer:
                 return self._claimed.popleft()
             generation = self._generation
             if not self._claiming:
-                if len(self._lot) == 0:  # the hot path: claim one for this worker, inline
+                if not self._parked:  # the hot path: claim one for this worker, inline
                     self._claiming = True
                     try:
                         jobs = await self._store.claim(self._one)
@@ -78,7 +79,7 @@ class Producer:
                         if self._hinted:
                             self._wake_hinted()
                     if len(jobs) == 1 and not self.stopping:
-                        if len(self._lot):
+                        if self._parked:
                             # Workers parked while this claim was in flight:
                             # one of them looks for more (and claims for all).
                             self._lot.unpark()
@@ -91,14 +92,18 @@ class Producer:
                 if self.stopping:
                     break
             if generation == self._generation and not self._claimed:
-                await self._lot.park()
+                self._parked += 1
+                try:
+                    await self._lot.park()
+                finally:
+                    self._parked -= 1
         return None
 
     async def _claim(self) -> Job | None:
         """Claim for this worker and the parked ones; the caller's job, or ``None`` if none was ready."""
         self._claiming = True
         try:
-            jobs = await self._store.claim(ClaimRequest(self._node, len(self._lot) + 1, self._lease))
+            jobs = await self._store.claim(ClaimRequest(self._node, self._parked + 1, self._lease))
         finally:
             self._claiming = False
             if self._hinted:
@@ -154,7 +159,7 @@ class Producer:
             return
         while True:
             await trio.sleep(self._poll_interval)
-            if len(self._lot) and not self._claimed:
+            if self._parked and not self._claimed:
                 self.wake(1)
 
     async def close(self) -> None:
