@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import trio.testing
 
 import trioq
 from trioq._app.walcli import inspect_command, verify_command
+from trioq.stores import StoreConfig
 
 
 async def _make_log(directory: Path) -> None:
@@ -87,3 +89,26 @@ def test_cli_entry_point_exit_codes(tmp_path: Path) -> None:
         check=False,
     )
     assert empty.returncode == 0 and empty.stdout.startswith("ok: 0 segment(s)")
+
+
+async def test_verify_and_inspect_name_each_segments_format(tmp_path: Path) -> None:
+    # A log trioq wrote in format 2 (tests/stores/data), then opened by this
+    # trioq: its old segments stay format 2 until a checkpoint, new ones are 3.
+    wal = tmp_path / "wal"
+    shutil.copytree(Path(__file__).parent / "stores" / "data" / "wal_v2", wal)
+    code, out, err = _run(verify_command, wal)
+    assert (code, err) == (0, "")
+    assert out.startswith("ok: 2 segment(s) (format 2), ") and "56 jobs" in out
+    store = trioq.WALStore(wal, fsync="never")
+    async with store.session(StoreConfig(clock=lambda: 1_700_004_010.0)):
+        pass
+    code, out, _ = _run(verify_command, wal)
+    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 3), ") and "56 jobs" in out
+    code, out, _ = _run(inspect_command, wal)
+    assert code == 0
+    lines = [line.split() for line in out.splitlines() if line.strip().endswith(".wal") or ".wal " in line]
+    assert [(line[0], line[2]) for line in lines] == [
+        ("00000000000000000002.wal", "2"),
+        ("00000000000000000003.wal", "2"),
+        ("00000000000000000004.wal", "3"),
+    ]

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trioq
-from trioq import InvalidJob, Job, JobNotFound, JobState, WALCorruption, WALLocked, WALStore
-from trioq.stores import NewJob, StoreConfig
+from trioq import FailedAttempt, InvalidJob, Job, JobNotFound, JobState, WALCorruption, WALLocked, WALStore
+from trioq.stores import ClaimRequest, Failed, NewJob, Released, Snoozed, StoreConfig, Succeeded
 from trioq.stores.table.jobs import JobTable
 from trioq.stores.table.store import ADD, CLAIM
 from trioq.stores.wal import _format, _writer
@@ -71,10 +71,46 @@ async def opened(path: Path, clock: Clock, **kwargs: Any) -> AsyncIterator[WALSt
         yield store
 
 
+# The store protocol, one attempt at a time. Outcomes through complete() need
+# not be durable when it returns; these helpers sync after it unless told
+# otherwise (durable=False), as a reporter of an outcome does.
+
+
+async def claim_one(store: WALStore) -> Job | None:
+    """The best ready job, claimed (``None`` when none is ready)."""
+    jobs = await store.claim(ClaimRequest("test", 1))
+    assert len(jobs) <= 1
+    return jobs[0] if jobs else None
+
+
 async def claim(store: WALStore) -> Job:
-    job = await store.claim()
+    job = await claim_one(store)
     assert job is not None
     return job
+
+
+async def succeed(store: WALStore, job_id: str, epoch: int, result: Any, *, durable: bool = True) -> bool:
+    """Whether the attempt's success was taken (``False``: its epoch is stale)."""
+    (state,) = await store.complete([Succeeded(job_id, epoch, result)])
+    if durable:
+        await store.sync()
+    return state is not None
+
+
+async def fail(
+    store: WALStore, job_id: str, epoch: int, error: str, retry_in: float | None, *, traceback: str | None = None
+) -> JobState | None:
+    """The job's state after the failed attempt (``None``: its epoch is stale); durable."""
+    (state,) = await store.complete([Failed(job_id, epoch, error, retry_in, traceback)])
+    await store.sync()
+    return state
+
+
+async def release(store: WALStore, job_id: str, epoch: int) -> JobState | None:
+    """The job's state after the attempt was cut off (``None``: its epoch is stale); durable."""
+    (state,) = await store.complete([Released(job_id, epoch)])
+    await store.sync()
+    return state
 
 
 def segments(path: Path) -> list[Path]:
@@ -130,7 +166,7 @@ async def test_torn_tail_is_truncated_with_a_warning(
     async with opened(wal, clock) as store:
         jobs = await store.add([new_job(clock, n=i) for i in range(5)])
         running = await claim(store)
-        await store.succeed(running.id, running.epoch, {"ok": 1})
+        await succeed(store, running.id, running.epoch, {"ok": 1})
         before = {j.id: await store.get(j.id) for j in jobs}
     last = segments(wal)[-1]
     clean_size = last.stat().st_size
@@ -214,7 +250,7 @@ async def test_padding_left_by_a_crash_is_not_damage(tmp_path: Path, caplog: pyt
     async with opened(wal, clock, fsync="always") as store:
         jobs = await store.add([new_job(clock, n=i) for i in range(5)])
         running = await claim(store)
-        await store.succeed(running.id, running.epoch, {"ok": 1})
+        await succeed(store, running.id, running.epoch, {"ok": 1})
         before = {j.id: await store.get(j.id) for j in jobs}
         crashed = crash_copy(wal, tmp_path / "crashed")
     (padded,) = segments(crashed)
@@ -493,20 +529,20 @@ async def test_recovery_after_a_crash(tmp_path: Path) -> None:
         for _ in range(2):
             first = await claim(store)
             assert first.id == running.id
-            await store.release(first.id, first.epoch)
+            await release(store, first.id, first.epoch)
         cut_off = await claim(store)
         assert (cut_off.id, cut_off.epoch) == (running.id, 3)
         failing = await claim(store)
         assert failing.id == retried.id
         clock.now += 1.0
-        await store.fail(failing.id, failing.epoch, "ValueError: once", clock.now + 50.0)
+        await fail(store, failing.id, failing.epoch, "ValueError: once", 50.0)
         assert (await claim(store)).id == keyed.id
         got = await claim(store)
         assert got.id == done.id
-        assert await store.succeed(done.id, got.epoch, {"sent": True}) is True
+        assert await succeed(store, done.id, got.epoch, {"sent": True}) is True
         got = await claim(store)
         assert got.id == dead.id
-        await store.fail(dead.id, got.epoch, "KeyError: 'x'", clock.now)
+        await fail(store, dead.id, got.epoch, "KeyError: 'x'", 0.0)
         await store.cancel(cancelled.id)
         ids = [running.id, retried.id, scheduled.id, keyed.id, done.id, dead.id, cancelled.id]
         before = {job_id: await store.get(job_id) for job_id in ids}
@@ -536,7 +572,7 @@ async def test_recovery_after_a_crash(tmp_path: Path) -> None:
         (same,) = await store.add([new_job(clock, key="the-key")])
         assert same.id == keyed.id
         # Epochs go on from where they were: the cut-off attempt cannot complete the job.
-        assert await store.succeed(running.id, cut_off.epoch, "late") is False
+        assert await succeed(store, running.id, cut_off.epoch, "late") is False
         again = await claim(store)
         assert again.id == running.id and again.epoch == cut_off.epoch + 1
         assert await store.counts() == {
@@ -556,13 +592,13 @@ async def test_recovery_through_a_checkpoint(tmp_path: Path) -> None:
         jobs = await store.add([new_job(clock, delay=5.0 if i % 3 == 2 else 0.0, key=f"k{i}", n=i) for i in range(30)])
         for _ in range(10):
             job = await claim(store)
-            await store.succeed(job.id, job.epoch, job.payload["n"])
+            await succeed(store, job.id, job.epoch, job.payload["n"])
         held = await claim(store)
         await store.checkpoint()
         assert len(segments(wal)) == 1
         for _ in range(5):
             job = await claim(store)
-            await store.fail(job.id, job.epoch, "E: x", clock.now + 9.0)
+            await fail(store, job.id, job.epoch, "E: x", 9.0)
         before = {j.id: await store.get(j.id) for j in jobs}
         crashed = crash_copy(wal, tmp_path / "crashed")
     async with opened(crashed, clock) as store:
@@ -571,6 +607,121 @@ async def test_recovery_through_a_checkpoint(tmp_path: Path) -> None:
         del after[held.id], before[held.id]
         assert after == before
         assert store.recovery is not None and store.recovery.checkpoints_seen == 1
+
+
+async def test_a_snooze_replays(tmp_path: Path) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock) as store:
+        (job, other) = await store.add([new_job(clock), new_job(clock)])
+        got = await claim(store)
+        clock.now += 2.0
+        assert await store.complete([Snoozed(got.id, got.epoch, 30.0)]) == [JobState.SCHEDULED]
+        await store.sync()
+        before = await store.get(job.id)
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    assert (before.state, before.run_at, before.attempts, before.epoch) == (JobState.SCHEDULED, START + 32.0, 0, 1)
+    async with opened(crashed, clock) as store:
+        assert await store.get(job.id) == before  # uncounted, scheduled for the snooze's end
+        assert store._table is not None and store._table.entry(job.id).snoozes == 1
+        assert (await claim(store)).id == other.id  # not due yet
+        clock.now += 30.0
+        await store.promote()
+        assert (await claim(store)).id == job.id
+
+
+async def test_a_snooze_past_the_limit_replays_as_the_death_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("trioq.stores.table.jobs.MAX_SNOOZES", 2)
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock) as store:
+        (job,) = await store.add([new_job(clock)])
+        states = []
+        for _ in range(3):
+            got = await claim(store)
+            states += await store.complete([Snoozed(got.id, got.epoch, 0.0)])
+        await store.sync()
+        before = await store.get(job.id)
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    assert states == [JobState.READY, JobState.READY, JobState.DEAD]
+    assert before.error is not None and before.error.startswith("SnoozeLimit")
+    async with opened(crashed, clock) as store:
+        assert await store.get(job.id) == before
+
+
+async def test_a_failure_with_a_traceback_replays_with_it(tmp_path: Path) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    tb = 'Traceback (most recent call last):\n  File "h.py", line 1\nValueError: boom\n'
+    async with opened(wal, clock) as store:
+        (job,) = await store.add([new_job(clock)])
+        got = await claim(store)
+        clock.now += 1.0
+        assert await fail(store, got.id, got.epoch, "ValueError: boom", 10.0, traceback=tb) is JobState.SCHEDULED
+        before = await store.get(job.id)
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    assert before.errors == (FailedAttempt(1, "ValueError: boom", tb, START + 1.0),)
+    async with opened(crashed, clock) as store:
+        assert await store.get(job.id) == before
+        assert (await store.get(job.id)).errors[0].traceback == tb
+
+
+async def test_a_failure_without_retry_replays_as_dead(tmp_path: Path) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock) as store:
+        (job,) = await store.add([new_job(clock)])  # max_attempts=3: only "no retry" kills it now
+        got = await claim(store)
+        assert await fail(store, got.id, got.epoch, "NoRetry: give up", None) is JobState.DEAD
+        before = await store.get(job.id)
+        crashed = crash_copy(wal, tmp_path / "crashed")
+    assert (before.state, before.attempts, before.error) == (JobState.DEAD, 1, "NoRetry: give up")
+    async with opened(crashed, clock) as store:
+        assert await store.get(job.id) == before
+        assert (await store.counts())["dead"] == 1
+
+
+async def test_errors_and_snoozes_survive_a_checkpoint_and_a_reopen(tmp_path: Path) -> None:
+    clock = Clock()
+    wal = tmp_path / "wal"
+    async with opened(wal, clock) as store:
+        (job, dead) = await store.add([NewJob("t", {}, 1, None, 3, clock.now), NewJob("t", {}, 0, None, 2, clock.now)])
+        # `job` first (priority 1): a failure, a snooze, a failure.
+        got = await claim(store)
+        assert got.id == job.id
+        assert await fail(store, got.id, got.epoch, "E: one", 0.0, traceback="tb one") is JobState.READY
+        got = await claim(store)
+        assert await store.complete([Snoozed(got.id, got.epoch, 0.0)]) == [JobState.READY]
+        got = await claim(store)
+        clock.now += 1.0
+        assert await fail(store, got.id, got.epoch, "E: two", 100.0) is JobState.SCHEDULED
+        # Then `dead`: two failures, and it is dead.
+        got = await claim(store)
+        assert got.id == dead.id
+        assert await fail(store, got.id, got.epoch, "E: dead one", 0.0) is JobState.READY
+        got = await claim(store)
+        assert await fail(store, got.id, got.epoch, "E: dead two", 5.0, traceback="tb") is JobState.DEAD
+        await store.sync()
+        before = {j.id: await store.get(j.id) for j in (job, dead)}
+        assert store._table is not None
+        snoozes = {j.id: store._table.entry(j.id).snoozes for j in (job, dead)}
+        await store.checkpoint()
+        assert len(segments(wal)) == 1  # everything since is in the checkpoint
+    assert before[job.id].errors == (
+        FailedAttempt(1, "E: one", "tb one", START),
+        FailedAttempt(2, "E: two", None, START + 1.0),
+    )
+    assert [e.error for e in before[dead.id].errors] == ["E: dead one", "E: dead two"]
+    assert snoozes == {job.id: 1, dead.id: 0}
+    for _ in range(2):  # the checkpoint's rows, then those rows rewritten by the next session's checkpoint
+        async with opened(wal, clock) as store:
+            assert store.recovery is not None and store.recovery.checkpoints_seen == 1
+            assert {j.id: await store.get(j.id) for j in (job, dead)} == before
+            assert store._table is not None
+            assert {j.id: store._table.entry(j.id).snoozes for j in (job, dead)} == snoozes
+            await store.checkpoint()
 
 
 # ------------------------------------------------------------- disk usage
@@ -638,7 +789,7 @@ async def test_crash_while_deleting_segments_after_a_checkpoint(tmp_path: Path, 
             await store.add([new_job(clock, n=i)])
         for _ in range(5):
             job = await claim(store)
-            await store.succeed(job.id, job.epoch, None)
+            await succeed(store, job.id, job.epoch, None)
         before = {j.id: await store.get(j.id) for j in jobs}
         shutil.copytree(wal, saved)
         await store.checkpoint()
@@ -766,9 +917,9 @@ async def test_a_structured_result_survives_a_checkpoint(tmp_path: Path) -> None
     async with opened(path, clock) as store:
         [job, other] = await store.add([new_job(clock), new_job(clock)])
         claimed = await claim(store)
-        assert await store.succeed(claimed.id, claimed.epoch, result) is True
+        assert await succeed(store, claimed.id, claimed.epoch, result) is True
         claimed = await claim(store)
-        assert await store.succeed(claimed.id, claimed.epoch, "plain") is True
+        assert await succeed(store, claimed.id, claimed.epoch, "plain") is True
         await store.checkpoint()
     async with opened(path, clock) as store:
         assert (await store.get(job.id)).result == result
@@ -792,7 +943,7 @@ async def test_records_nobody_waits_for_are_committed_within_the_lazy_delay(
         [job] = await store.add([new_job(clock)])
         before = writer.records_written
         claimed = await claim(store)
-        assert await store.succeed(claimed.id, claimed.epoch, "ok", durable=False)
+        assert await succeed(store, claimed.id, claimed.epoch, "ok", durable=False)
         await trio.sleep(delay / 2)
         assert writer.records_written == before and store.unsynced()
         assert _after_kill(path, tmp_path / "early").get(job.id).state is JobState.READY  # runs again
@@ -803,13 +954,13 @@ async def test_records_nobody_waits_for_are_committed_within_the_lazy_delay(
         # sync() commits lazy records at once ...
         [second, third] = await store.add([new_job(clock), new_job(clock)])
         claimed = await claim(store)
-        assert await store.succeed(claimed.id, claimed.epoch, "ok", durable=False)
+        assert await succeed(store, claimed.id, claimed.epoch, "ok", durable=False)
         started = trio.current_time()
         await store.sync()
         assert trio.current_time() == started and not store.unsynced()
         # ... and so does a record someone waits for (it carries them along).
         claimed = await claim(store)
-        assert await store.succeed(claimed.id, claimed.epoch, "ok", durable=False)
+        assert await succeed(store, claimed.id, claimed.epoch, "ok", durable=False)
         await store.add([new_job(clock)])
         assert trio.current_time() == started and not store.unsynced()
         table = _after_kill(path, tmp_path / "carried")
@@ -882,7 +1033,7 @@ async def _drive(wal: str, ops: list[tuple[Any, ...]], max_retained: int) -> tup
         async def claim_committed() -> Job | None:
             # A claim returns before its record is durable (Store.claim);
             # sync so each recorded state sits at a commit marker.
-            job = await store.claim()
+            job = await claim_one(store)
             await store.sync()
             return job
 
@@ -921,16 +1072,16 @@ async def _drive(wal: str, ops: list[tuple[Any, ...]], max_retained: int) -> tup
                 if held:
                     job = held[op[1] % len(held)]
                     if name == "succeed":
-                        assert await store.succeed(job.id, job.epoch, {"r": job.epoch})
+                        assert await succeed(store, job.id, job.epoch, {"r": job.epoch})
                     elif name == "fail":
-                        assert await store.fail(job.id, job.epoch, "E: x", clock.now + op[2]) is not None
+                        assert await fail(store, job.id, job.epoch, "E: x", op[2]) is not None
                     else:
-                        assert await store.release(job.id, job.epoch) is not None
+                        assert await release(store, job.id, job.epoch) is not None
             elif name == "stale":
                 stale = [(i, e) for i, es in epochs.items() for e in es[:-1]]
                 if stale:
                     job_id, epoch = stale[op[1] % len(stale)]
-                    assert await store.succeed(job_id, epoch, "late") is False
+                    assert await succeed(store, job_id, epoch, "late") is False
             elif name in ("cancel", "retry") and ids:
                 job_id = ids[op[1] % len(ids)]
                 try:
@@ -1091,13 +1242,13 @@ async def test_syncing_one_job_waits_for_its_records_alone(
         assert writer is not None
         (old,) = await store.add([new_job(clock)])
         done = await claim(store)
-        assert await store.succeed(done.id, done.epoch, "old", durable=False)
+        assert await succeed(store, done.id, done.epoch, "old", durable=False)
         await store.sync(done.id)  # its lazy success is pending: this commits it
         assert not writer.busy
         others = await store.add([new_job(clock, n=i) for i in range(50)])
         for _ in others:
             running = await claim(store)
-            assert await store.succeed(running.id, running.epoch, "new", durable=False)
+            assert await succeed(store, running.id, running.epoch, "new", durable=False)
         commits = writer.batches_written
         for _ in range(20):
             await store.sync(old.id)  # durable long ago: no commit
@@ -1106,7 +1257,7 @@ async def test_syncing_one_job_waits_for_its_records_alone(
         assert not writer.busy
         again = await store.add([new_job(clock)])
         running = await claim(store)
-        assert await store.succeed(running.id, running.epoch, "last", durable=False)
+        assert await succeed(store, running.id, running.epoch, "last", durable=False)
         assert writer.busy
         await store.sync(again[0].id)  # its own lazy record: waited for
         assert not writer.busy

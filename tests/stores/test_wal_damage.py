@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_wal import Clock, crash_copy, new_job, opened, records, segments
+from test_wal import Clock, claim, crash_copy, new_job, opened, records, segments, succeed
 
 import trioq
 from trioq import Job, JobNotFound, JobState, WALCorruption
@@ -257,9 +257,8 @@ async def test_a_log_that_starts_after_a_checkpoint_opens_with_every_job(tmp_pat
     async with opened(wal, clock, fsync=fsync, segment_size=4096) as store:
         jobs = [(await store.add([new_job(clock, n=i)]))[0] for i in range(80)]
         for _ in range(10):
-            job = await store.claim()
-            assert job is not None
-            await store.succeed(job.id, job.epoch, job.payload["n"])
+            job = await claim(store)
+            await succeed(store, job.id, job.epoch, job.payload["n"])
         await store.checkpoint()  # the segments before it are deleted
         jobs += [(await store.add([new_job(clock, n=i)]))[0] for i in range(80, 160)]
         before = {j.id: await store.get(j.id) for j in jobs}

@@ -1,4 +1,10 @@
-"""``trioq wal verify`` and ``trioq wal inspect``: read a WAL directory without opening a queue."""
+"""``trioq wal verify`` and ``trioq wal inspect``: read a WAL directory without opening a queue.
+
+Both read every log format this trioq reads (2 and 3; see
+``trioq.stores.wal._format``), and say which formats the segments are in: a
+directory written by an older trioq keeps its format-2 segments until the
+first checkpoint of a newer one.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import sys
 from typing import TextIO
 
 from ..stores.table.jobs import JobTable
-from ..stores.wal._format import WALCorruption, list_segments
+from ..stores.wal._format import WALCorruption, list_segments, read_header
 from ..stores.wal._recovery import Recovery, replay
 
 __all__ = ["inspect_command", "verify_command"]
@@ -45,11 +51,19 @@ def verify_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.s
             f"{os.path.basename(recovery.truncated_segment or '')} (an unfinished write; dropped on next open)"
         )
     print(
-        f"ok: {len(recovery.segments)} segment(s), {recovery.records} records in {recovery.batches} commits, "
-        f"{len(table)} jobs{torn}",
+        f"ok: {len(recovery.segments)} segment(s){_formats(recovery)}, {recovery.records} records in "
+        f"{recovery.batches} commits, {len(table)} jobs{torn}",
         file=out,
     )
     return 0
+
+
+def _formats(recovery: Recovery) -> str:
+    """`` (format 3)``, or ``(formats 2, 3)`` for a log of both: the formats of the segments replayed."""
+    versions = sorted(set(recovery.versions.values()))
+    if not versions:
+        return ""
+    return f" (format{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))})"
 
 
 def inspect_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -66,11 +80,18 @@ def inspect_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.
     segments = list_segments(directory)
     total = 0
     print("segments:", file=out)
-    for _number, path in segments:
+    for number, path in segments:
         size = os.path.getsize(path)
         total += size
-        print(f"  {os.path.basename(path)}  {size:>12} bytes", file=out)
-    print(f"  {'total':<24}  {total:>12} bytes", file=out)
+        version = recovery.versions.get(number)
+        if version is None:  # not replayed: superseded by a checkpoint, or header-less
+            try:
+                version = read_header(path)[1]
+            except WALCorruption:
+                version = None
+        shown = "format ?" if version is None else f"format {version}"
+        print(f"  {os.path.basename(path)}  {shown}  {size:>12} bytes", file=out)
+    print(f"  {'total':<34}  {total:>12} bytes", file=out)
     if recovery.last_checkpoint is None:
         print("last checkpoint: none (the log replays from its first record)", file=out)
     else:

@@ -46,8 +46,9 @@ from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
 
 __all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SNOOZE", "SUCCEED", "TableStore"]
 
-# Transition record types, shared with the WAL format.
-# 9 to 11 are the WAL's checkpoint records (stores/wal/_format.py).
+# Transition record types, shared with the WAL format; each record's fields,
+# in the order of the tuples handed to _record, are its struct's in
+# stores/wal/_records.py (9 to 11 are the WAL's checkpoint records).
 ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
 SNOOZE = 12
 

@@ -9,8 +9,9 @@ and then holds records, each framed as::
 
     payload length u32 | CRC32C of (type + payload) u32 | type u8 | payload
 
-Payloads are msgpack arrays (msgspec). Every group commit ends with a COMMIT
-record whose payload is::
+A record's payload is the msgpack array of its typed struct's fields
+(:mod:`._records` lists every type and its fields). Every group commit ends
+with a COMMIT record (type 255) whose payload is::
 
     b"TQCOMMIT" | batch number u64 | batch start offset u64 | CRC32C u32 per page chunk
 
@@ -20,6 +21,18 @@ file boundary; the writer records their CRCs when it overwrites zero-filled
 blocks (``fsync="always"``), and none otherwise. They let recovery tell a page of
 the last batch that a power cut left unwritten (zeros where the CRC says
 otherwise) from damage (any other mismatch). All integers are little-endian.
+
+Format versions: this trioq writes format 3 (:data:`VERSION`) and reads 2 and
+3 (:data:`READABLE_VERSIONS`); the version is per segment. Both frame and
+commit alike and hold the same record types; format 3 records may carry
+fields format 2 ones lack (a FAIL's traceback, a nil ``retry_at``, an ENTRY's
+errors and snoozes, SNOOZE records; see :mod:`._records`), which a format-2
+reader would misread, hence the new number. A directory written by a trioq
+of format 2 opens as it is (upgrade in place): its segments are read as
+format 2, the new session writes format-3 segments after them, and the first
+checkpoint deletes the old ones. A format-2 segment after a format-3 one is
+corruption (only a trioq of format 2 could have written it, and that trioq
+cannot open the directory once it holds a format-3 segment).
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from crc32c import crc32c
 
 from ..._model import TrioqError
 from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
+from ._records import CHECKPOINT_BEGIN, CHECKPOINT_END, ENTRY, RECORDS, Record, record_fields
 
 __all__ = [
     "ADD",
@@ -48,23 +62,31 @@ __all__ = [
     "ENTRY",
     "FAIL",
     "HEADER_SIZE",
+    "READABLE_VERSIONS",
     "RELEASE",
     "RETRY",
+    "SNOOZE",
     "SUCCEED",
+    "VERSION",
     "Scan",
     "WALCorruption",
     "chunk_crcs",
     "commit_frame",
     "commit_info",
     "frame",
+    "frame_record",
     "header",
+    "read_header",
     "scan_segment",
     "segment_name",
     "segment_number",
 ]
 
 MAGIC = b"TRIOQWAL"
-VERSION = 2
+#: The format version of the segments this trioq writes.
+VERSION = 3
+#: The format versions it reads (see the module docstring).
+READABLE_VERSIONS = (2, 3)
 _HEADER = struct.Struct("<8sHQ")
 _HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
@@ -78,13 +100,10 @@ PAGE = 4096
 #: A payload longer than this is damage, not data (a torn length field).
 MAX_PAYLOAD = 1 << 30
 
-# Record types: the table's transitions (ADD .. DROP, from _tablestore); a
-# checkpoint is BEGIN (the table is rebuilt from here), one ENTRY per job, END.
-ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END = 9, 10, 11
+# Record types: the table's transitions (from trioq/stores/table/store.py) and
+# the checkpoint's records (see _records), then the commit marker.
 COMMIT = 255
-KNOWN_TYPES = frozenset(
-    {ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP, ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END, SNOOZE}
-)
+KNOWN_TYPES = frozenset(RECORDS)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -120,9 +139,19 @@ def header(number: int) -> bytes:
 
 
 def frame(kind: int, fields: Any) -> bytes:
-    """One record: frame header, then ``fields`` as msgpack."""
+    """One record: frame header, then ``fields`` as msgpack.
+
+    ``fields`` is the tuple of the fields of the struct of type ``kind`` (see
+    :mod:`._records`), in order, trailing defaults left off or not: the hot
+    path, which builds no struct (``TableStore._record`` hands tuples).
+    """
     body = bytes((kind,)) + _encoder.encode(fields)
     return _FRAME.pack(len(body) - 1, crc32c(body), kind) + body[1:]
+
+
+def frame_record(record: Record) -> bytes:
+    """One record from its struct (trailing fields at their defaults left off, as every writer does)."""
+    return frame(record.kind, record_fields(record))
 
 
 def commit_frame(batch: int, start: int = 0, chunk_crcs: tuple[int, ...] = ()) -> bytes:
@@ -157,6 +186,7 @@ def _commit_length_ok(length: int) -> bool:
 
 
 def decode(payload: bytes | memoryview) -> Any:
+    """A record's payload as plain msgpack (lists): for looking at a log; replay decodes records typed."""
     return _decoder.decode(payload)
 
 
@@ -168,7 +198,8 @@ class Scan:
     ``committed_end`` (the offset just past the last commit marker) is
     checksummed and committed: :meth:`committed` yields them. ``batches`` counts
     the commit markers, ``records`` the other records before ``committed_end``,
-    ``first_kind`` is the type of the first record (``None`` if none).
+    ``first_kind`` is the type of the first record (``None`` if none);
+    ``version`` the segment's format version.
     ``damage_at`` is the offset of the first unreadable byte, if any; ``damage``
     says what was wrong there. ``commit_after_damage`` is True when a valid
     commit marker lies beyond the damage, which makes it corruption rather
@@ -186,6 +217,7 @@ class Scan:
     damage_at: int | None = None
     damage: str | None = None
     commit_after_damage: bool = False
+    version: int = VERSION
 
     def torn_final_batch(self) -> bool:
         """Whether the damage is pages of the last group commit that never reached the disk.
@@ -237,25 +269,33 @@ class Scan:
             pos = stop
 
 
-def _read_header(data: bytes, path: str) -> int:
+def _read_header(data: bytes, path: str) -> tuple[int, int]:
+    """The segment number and format version of a segment's header; :class:`WALCorruption` if unreadable."""
     if len(data) < HEADER_SIZE:
         raise WALCorruption(f"{path}: segment header is truncated ({len(data)} bytes)", path=path, offset=0)
     magic, version, number = _HEADER.unpack_from(data, 0)
     (crc,) = _HEADER_CRC.unpack_from(data, _HEADER.size)
     if magic != MAGIC or crc != crc32c(data[: _HEADER.size]):
         raise WALCorruption(f"{path}: not a trioq WAL segment (bad header)", path=path, offset=0)
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
+        readable = " and ".join(map(str, READABLE_VERSIONS))
         raise WALCorruption(
-            f"{path}: WAL format version {version}; this trioq reads version {VERSION}", path=path, offset=0
+            f"{path}: WAL format version {version}; this trioq reads versions {readable}", path=path, offset=0
         )
-    return int(number)
+    return int(number), int(version)
+
+
+def read_header(path: str) -> tuple[int, int]:
+    """The segment number and format version a segment file's header gives (it reads the header alone)."""
+    with open(path, "rb") as f:
+        return _read_header(f.read(HEADER_SIZE), path)
 
 
 def scan_segment(path: str) -> Scan:
     """Read a segment and check every record, locating the committed end and any damage."""
     with open(path, "rb") as f:
         data = f.read()
-    number = _read_header(data, path)
+    number, version = _read_header(data, path)
     view = memoryview(data)
     size = len(data)
     batches = records = pending = 0
@@ -292,7 +332,7 @@ def scan_segment(path: str) -> Scan:
             break
         pos = end
     del view
-    scan = Scan(path, number, size, data, committed_end, batches, records, first_kind)
+    scan = Scan(path, number, size, data, committed_end, batches, records, first_kind, version=version)
     if damage is not None:
         scan.damage_at = pos
         scan.damage = damage

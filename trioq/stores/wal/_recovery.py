@@ -1,5 +1,10 @@
 """Recovery: replay a WAL directory through the job table.
 
+Each record is decoded through its typed struct (``_records``) and applied
+through the table method that made it. Segments of log formats 2 and 3 read
+alike (format 2 records are shorter arrays of the same structs); a log may
+hold format-2 segments followed by format-3 ones (see ``_format``).
+
 Rules (DESIGN.md section 5): damage after the last commit marker of the last
 segment is a write that never finished, so it is truncated (with a warning
 giving the byte count) and recovery goes on. Damage anywhere else, in an older
@@ -64,8 +69,7 @@ import gc
 import itertools
 import logging
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import attrs
 import msgspec
@@ -82,10 +86,22 @@ from ._format import (
     Scan,
     WALCorruption,
     commit_info,
-    decode,
     list_segments,
     scan_segment,
     segment_name,
+)
+from ._records import (
+    Add,
+    Cancel,
+    CheckpointBegin,
+    Claim,
+    Drop,
+    Fail,
+    Release,
+    Retry,
+    Row,
+    Snooze,
+    Succeed,
 )
 from ._writer import fsync_dir
 
@@ -93,8 +109,9 @@ __all__ = ["Recovery", "replay"]
 
 log = logging.getLogger("trioq.wal")
 
-# An ADD record: id, task, payload (kept raw), priority, key, max_attempts, run_at, now.
-_decode_add = msgspec.msgpack.Decoder(tuple[str, str, msgspec.Raw, int, str | None, int, float, float]).decode
+# ADD dominates a log: replay decodes it itself (its payload stays msgpack).
+_decode_add = msgspec.msgpack.Decoder(Add).decode
+_decode_begin = msgspec.msgpack.Decoder(CheckpointBegin).decode
 
 
 @attrs.define
@@ -114,6 +131,8 @@ class Recovery:
     #: The number of the last batch replayed (0 if none): where a writer
     #: session could go on numbering (see the module docstring).
     last_batch: int = 0
+    #: The format version of each segment replayed, by segment number (see ``_format``).
+    versions: dict[int, int] = attrs.Factory(dict)
 
     @property
     def last_segment(self) -> int:
@@ -129,35 +148,91 @@ def _corruption(directory: str, path: str, offset: int, what: str) -> WALCorrupt
     )
 
 
-def apply_record(table: JobTable, kind: int, f: Any) -> bool:
-    """Apply one decoded record other than ADD (replay reads those itself); False when the
-    table refuses it (the log diverged)."""
-    if kind == CLAIM:
-        table.claim(f[0])
-        return True
-    if kind == SUCCEED:
-        return table.succeed(f[0], f[1], f[2], f[3]) is not None
-    if kind == FAIL:  # format 2 records have no traceback
-        return table.fail(f[0], f[1], f[2], f[3], f[4], f[5] if len(f) > 5 else None) is not None
-    if kind == SNOOZE:
-        return table.snooze(f[0], f[1], f[2], f[3]) is not None
-    if kind == RELEASE:
-        return table.release(f[0], f[1]) is not None
-    if kind == CANCEL:
-        return table.cancel(f[0], f[1])[1]
-    if kind == RETRY:
-        table.retry(f[0], f[1])
-        return True
-    if kind == DROP:
-        table.drop(f[0])
-        return True
-    if kind == ENTRY:
-        table.restore(*f)
-        return True
-    if kind == CHECKPOINT_BEGIN:
-        table.clear()
-        return True
-    return kind == CHECKPOINT_END
+# How each record type replays: decoded through its struct, applied to the
+# table. False when the table refuses it (the log diverged); a table method may
+# raise instead (InvalidJob, JobNotFound), which means the same. One call per
+# record: replay runs these hundreds of thousands of times a second.
+_claim_record = msgspec.msgpack.Decoder(Claim).decode
+_succeed_record = msgspec.msgpack.Decoder(Succeed).decode
+_fail_record = msgspec.msgpack.Decoder(Fail).decode
+_snooze_record = msgspec.msgpack.Decoder(Snooze).decode
+_release_record = msgspec.msgpack.Decoder(Release).decode
+_cancel_record = msgspec.msgpack.Decoder(Cancel).decode
+_retry_record = msgspec.msgpack.Decoder(Retry).decode
+_drop_record = msgspec.msgpack.Decoder(Drop).decode
+_entry_record = msgspec.msgpack.Decoder(Row).decode
+
+
+def _claim(table: JobTable, payload: memoryview) -> bool:
+    r = _claim_record(payload)
+    table.claim(r.id)
+    return True
+
+
+def _succeed(table: JobTable, payload: memoryview) -> bool:
+    r = _succeed_record(payload)
+    return table.succeed(r.id, r.epoch, r.result, r.now) is not None
+
+
+def _fail(table: JobTable, payload: memoryview) -> bool:
+    r = _fail_record(payload)
+    return table.fail(r.id, r.epoch, r.error, r.retry_at, r.now, r.traceback) is not None
+
+
+def _snooze(table: JobTable, payload: memoryview) -> bool:
+    r = _snooze_record(payload)
+    return table.snooze(r.id, r.epoch, r.run_at, r.now) is not None
+
+
+def _release(table: JobTable, payload: memoryview) -> bool:
+    r = _release_record(payload)
+    return table.release(r.id, r.epoch) is not None
+
+
+def _cancel(table: JobTable, payload: memoryview) -> bool:
+    r = _cancel_record(payload)
+    return table.cancel(r.id, r.now)[1]
+
+
+def _retry(table: JobTable, payload: memoryview) -> bool:
+    r = _retry_record(payload)
+    table.retry(r.id, r.now)
+    return True
+
+
+def _drop(table: JobTable, payload: memoryview) -> bool:
+    r = _drop_record(payload)
+    table.drop(r.id)
+    return True
+
+
+def _entry(table: JobTable, payload: memoryview) -> bool:
+    r = _entry_record(payload)
+    # queue .. metadata: not in the table yet (see _records.Row).
+    table.restore(
+        r.id, r.task, r.payload, r.state, r.priority, r.key, r.max_attempts, r.run_at, r.created_at, r.seq,
+        r.attempts, r.epoch, r.finished_at, r.result, r.error, r.errors, r.snoozes,
+    )  # fmt: skip
+    return True
+
+
+def _checkpoint_end(table: JobTable, payload: memoryview) -> bool:
+    return True
+
+
+#: The replay of each record type but ADD and CHECKPOINT_BEGIN (see _replay).
+_REPLAY: dict[int, Callable[[JobTable, memoryview], bool]] = {
+    CLAIM: _claim,
+    SUCCEED: _succeed,
+    FAIL: _fail,
+    SNOOZE: _snooze,
+    RELEASE: _release,
+    CANCEL: _cancel,
+    RETRY: _retry,
+    DROP: _drop,
+    ENTRY: _entry,
+    CHECKPOINT_END: _checkpoint_end,
+}
 
 
 @contextlib.contextmanager
@@ -214,10 +289,23 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
     before: tuple[str, int] | None = None
     shared: dict[str, str] = {}
     shared_bytes: dict[bytes, bytes] = {}
+    # The format of the segment read before (formats only go up along a log; see _format).
+    newest_version, newest_segment = 0, 0
     for index, (number, path) in enumerate(segments):
         scan = scans.pop(index, None) or _scan(directory, path)
         if scan.number != number:
             raise _corruption(directory, path, 0, f"header says segment {scan.number}, file name says {number}")
+        if scan.version < newest_version:
+            raise _corruption(
+                directory,
+                path,
+                0,
+                f"a segment of WAL format {scan.version} after one of format {newest_version} (segment "
+                f"{newest_segment}): only a trioq writing format {scan.version} makes such a segment, and it "
+                "cannot open a log holding a later format",
+            )
+        newest_version, newest_segment = scan.version, number
+        recovery.versions[number] = scan.version
         last = index == count - 1
         first = _first_commit(scan)
         tail = scan.size - scan.committed_end
@@ -249,7 +337,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _batches_missing(directory, before, recovery.last_batch, first[0], path)
         previous_batch: int | None = None
         batch_start = HEADER_SIZE  # where the next batch must begin: its records are contiguous
-        add_packed = table.add_packed
+        add_packed, decode_add, replayers = table.add_packed, _decode_add, _REPLAY
         for kind, payload, offset in scan.committed():
             if kind == COMMIT:
                 batch, start, _ = commit_info(payload)
@@ -261,24 +349,27 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                 if kind == ADD:
                     # ADD dominates a log: its payload stays msgpack bytes
                     # (decoded only when the job first runs), no snapshot.
-                    r = _decode_add(payload)
+                    # queue .. metadata: not in the table yet (see _records.Add).
+                    r = decode_add(payload)
                     # One object per distinct task name and small payload, as
                     # enqueue shares them: ~90 bytes per job at a million jobs.
-                    task, packed = r[1], bytes(r[2])
+                    task, packed = r.task, bytes(r.payload)
                     task = shared.setdefault(task, task)
                     if len(packed) <= 16:
                         packed = shared_bytes.setdefault(packed, packed)
-                    applied = add_packed(r[0], task, packed, r[3], r[4], r[5], r[6], r[7]) is None
+                    applied = add_packed(r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now) is None
+                elif kind == CHECKPOINT_BEGIN:
+                    jobs = _decode_begin(payload).jobs
+                    table.clear()
+                    applied = True
+                    recovery.checkpoints_seen += 1
+                    recovery.last_checkpoint = (number, jobs)
                 else:
-                    fields = decode(payload)
-                    applied = apply_record(table, kind, fields)
+                    applied = replayers[kind](table, payload)
             except Exception as exc:
                 raise _corruption(directory, path, offset, f"record does not replay: {exc}") from exc
             if not applied:
                 raise _corruption(directory, path, offset, f"record of type {kind} does not replay")
-            if kind == CHECKPOINT_BEGIN:
-                recovery.checkpoints_seen += 1
-                recovery.last_checkpoint = (number, int(fields[0]))
         before = (path, scan.committed_end)
         recovery.records += scan.records
         recovery.batches += scan.batches

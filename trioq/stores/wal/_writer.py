@@ -44,16 +44,16 @@ from typing import Any
 import trio
 
 from ._format import (
-    CHECKPOINT_BEGIN,
-    CHECKPOINT_END,
     ENTRY,
     HEADER_SIZE,
     chunk_crcs,
     commit_frame,
     frame,
+    frame_record,
     header,
     segment_name,
 )
+from ._records import CheckpointBegin, CheckpointEnd
 
 __all__ = ["FSYNC_MODES", "LogWriter"]
 
@@ -177,8 +177,8 @@ def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
 class LogWriter:
     """Owns the open segment; see the module docstring for the guarantees.
 
-    ``export`` returns the fields of one ENTRY record per job of the table at
-    the moment it is called (a checkpoint); ``live`` returns how many jobs
+    ``export`` returns the fields of one ENTRY record (``_records.Row``) per
+    job of the table at the moment it is called (a checkpoint); ``live`` returns how many jobs
     that would be, cheaply (to decide whether a checkpoint pays).
     """
 
@@ -617,9 +617,10 @@ class LogWriter:
         batch.last = self._appended
         self._inflight = batch
         self._batch_no += 1
-        frames = [frame(CHECKPOINT_BEGIN, (len(entries),))]
+        # ENTRY rows are the table's export() tuples, in _records.Row's field order.
+        frames = [frame_record(CheckpointBegin(len(entries)))]
         frames.extend(frame(ENTRY, fields) for fields in entries)
-        frames.append(frame(CHECKPOINT_END, (len(entries),)))
+        frames.append(frame_record(CheckpointEnd(len(entries))))
         body = b"".join(frames)
         # Marked like every other batch: a power cut that leaves some of its
         # pages unwritten is then a torn write to recovery, not corruption.

@@ -70,16 +70,20 @@ class WALStore(TableStore):
     milliseconds. ``"never"``: syncing is left to the OS. In all modes a
     transition returns only after its record was written, so ``kill -9`` loses
     nothing acknowledged. The exceptions are the records nobody waits for: a
-    claim and a worker's ``succeed(durable=False)`` return at once, and their
-    records join the next commit (at most ``LAZY_COMMIT_DELAY`` later, or at
-    once when someone syncs); ``Queue.get``, ``wait`` and ``join`` sync before
-    reporting an outcome. A crash can so re-run a job that had just finished.
+    claim and the outcomes of ``complete`` return at once, and their records
+    join the next commit (at most ``LAZY_COMMIT_DELAY`` later, or at once when
+    someone syncs); ``Queue.get``, ``wait`` and ``join`` sync before reporting
+    an outcome. A crash can so re-run a job that had just finished.
 
     Opening replays the log (a torn last write is truncated with a warning;
     other damage raises :class:`~trioq.WALCorruption`), then puts jobs that were
     running back to ``ready`` without counting the interrupted attempt.
     Scheduled jobs keep their ``run_at``, attempts, epochs and keys. One process
     owns a directory at a time (:class:`~trioq.WALLocked` otherwise).
+
+    The log is in format 3 (typed records, ``_records``); a directory an older
+    trioq wrote in format 2 opens as it is, and its segments go at the first
+    checkpoint (see ``_format``).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: str = "always", segment_size: int = 64 * MiB) -> None:

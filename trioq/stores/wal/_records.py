@@ -1,0 +1,302 @@
+"""The records of the write-ahead log, one typed struct per record type (log format 3).
+
+A record's payload (see :mod:`._format` for the framing) is a msgpack array of
+its struct's fields, in the order declared here: every struct is
+``array_like``. Recovery decodes each payload through the struct of its
+frame's type byte (as :func:`decode_record` does), so a record that does not
+fit it (a missing field, a field of the wrong type) is damage, reported where
+it is.
+
+Evolving the format: fields are only ever appended, and every field added
+after the first release of a record type has a default. A shorter array
+decodes with the missing trailing fields at their defaults, so a log written
+before a field existed still reads (format-2 records are such shorter arrays:
+no format-2 record needs anything else); a longer one (a later trioq's field)
+decodes with the extra trailing elements ignored. Writers leave trailing
+fields they do not use off (the table store's tuples hold only the fields it
+knows; :func:`record_fields` trims a struct's trailing defaults, which
+``msgspec`` does not do for ``array_like`` structs, jcrist/msgspec#720), so a
+field added and not yet used costs the log nothing.
+
+Who writes what: the table store hands each transition's record to
+``TableStore._record`` as a tuple in its struct's field order, and the writer
+encodes it as it is. That is the hot path (ADD, the commonest record, and a
+worker's CLAIM and SUCCEED): a tuple costs a third of a struct to build, and
+a struct would be encoded with its defaults too (13 bytes more per ADD).
+``tests/stores/test_wal_format.py`` checks every record the store writes
+against its struct. The log writer writes the checkpoint: ENTRY rows are
+``JobTable.export()``'s tuples, BEGIN and END structs (:func:`._format.frame_record`).
+
+Log format 3 (``VERSION = 3`` in the segment header) records, by type byte
+(``?`` marks a trailing field with a default, ``| None`` one that may be nil)::
+
+    1   ADD      Add        id, task, payload (msgpack, embedded raw), priority, key | None,
+                            max_attempts, run_at, now; ? queue = "default", ? tenant = None,
+                            ? limits = [], ? after = [] (parent ids), ? deadline = None,
+                            ? metadata = None
+    2   CLAIM    Claim      id
+    3   SUCCEED  Succeed    id, epoch, result, now
+    4   FAIL     Fail       id, epoch, error, retry_at | None (None: no retry, dead now), now,
+                            ? traceback = None
+    5   RELEASE  Release    id, epoch
+    6   CANCEL   Cancel     id, now
+    7   RETRY    Retry      id, now
+    8   DROP     Drop       id
+    9   ENTRY    Row        one job of a checkpoint: id, task, payload (a map), state (its
+                            string value), priority, key | None, max_attempts, run_at,
+                            created_at, seq, attempts, epoch, finished_at | None, result (a
+                            non-scalar one as msgpack bin), error | None; ? errors = []
+                            ([attempt, error, traceback | None, finished_at] each),
+                            ? snoozes = 0; ? queue, ? tenant, ? limits, ? after, ? deadline,
+                            ? metadata as on ADD
+    10  CHECKPOINT_BEGIN  CheckpointBegin  jobs (the ENTRY records that follow)
+    11  CHECKPOINT_END    CheckpointEnd    jobs
+    12  SNOOZE   Snooze     id, epoch, run_at, now
+
+Format 2 differs only by leaving fields off: its FAIL has no traceback (5
+fields, ``retry_at`` never nil), its ENTRY neither errors nor snoozes (15
+fields), and it has no SNOOZE (trioq before format 3 may also have written
+the longer FAIL and ENTRY and SNOOZE under a version-2 header; they read the
+same). The new fields of ADD and ENTRY (queue, tenant, limits, after,
+deadline, metadata) are room for what is coming: nothing writes them yet, and
+replay ignores them (the job table has no such fields yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import msgspec
+
+from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
+
+__all__ = [
+    "CHECKPOINT_BEGIN",
+    "CHECKPOINT_END",
+    "ENTRY",
+    "RECORDS",
+    "Add",
+    "Cancel",
+    "CheckpointBegin",
+    "CheckpointEnd",
+    "Claim",
+    "Drop",
+    "Fail",
+    "Record",
+    "Release",
+    "Retry",
+    "Row",
+    "Snooze",
+    "Succeed",
+    "decode_record",
+    "record_fields",
+]
+
+# The table's transitions are types 1 to 8 and 12 (trioq/stores/table/store.py);
+# a checkpoint is BEGIN (the table is rebuilt from here), one ENTRY per job, END.
+ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END = 9, 10, 11
+
+
+class Record(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A log record: its fields are its payload's msgpack array, in order.
+
+    Untracked by the cyclic GC (``gc=False``): a decoded record holds only
+    what msgpack decoded, which cannot refer back to it.
+    """
+
+    #: The record's type byte in its frame.
+    kind: ClassVar[int]
+
+
+class Add(Record, array_like=True, gc=False, frozen=True):
+    """ADD: a job was enqueued (``JobTable.add_packed``'s arguments).
+
+    ``payload`` is the msgpack the table keeps, embedded as it is (never
+    decoded on replay). The fields after ``now`` are for what is coming (named
+    queues, tenants, concurrency limits, dependencies, deadlines, metadata):
+    no trioq writes them yet, and replay ignores them.
+    """
+
+    kind: ClassVar[int] = ADD
+    id: str
+    task: str
+    payload: msgspec.Raw
+    priority: int
+    key: str | None
+    max_attempts: int
+    run_at: float
+    now: float
+    queue: str = "default"
+    tenant: str | None = None
+    limits: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    deadline: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class Claim(Record, array_like=True, gc=False, frozen=True):
+    """CLAIM: the job went ``running`` under its next epoch."""
+
+    kind: ClassVar[int] = CLAIM
+    id: str
+
+
+class Succeed(Record, array_like=True, gc=False, frozen=True):
+    """SUCCEED: the attempt under ``epoch`` returned ``result`` (a non-scalar one embedded as packed)."""
+
+    kind: ClassVar[int] = SUCCEED
+    id: str
+    epoch: int
+    result: Any
+    now: float
+
+
+class Fail(Record, array_like=True, gc=False, frozen=True):
+    """FAIL: the attempt under ``epoch`` failed; retry at ``retry_at`` (``None``: no retry, dead now).
+
+    Format 2 has no ``traceback`` (and never a nil ``retry_at``).
+    """
+
+    kind: ClassVar[int] = FAIL
+    id: str
+    epoch: int
+    error: str
+    retry_at: float | None
+    now: float
+    traceback: str | None = None
+
+
+class Release(Record, array_like=True, gc=False, frozen=True):
+    """RELEASE: the attempt under ``epoch`` was cut off; the job is ``ready`` again, uncounted."""
+
+    kind: ClassVar[int] = RELEASE
+    id: str
+    epoch: int
+
+
+class Cancel(Record, array_like=True, gc=False, frozen=True):
+    """CANCEL: the job was cancelled at ``now``."""
+
+    kind: ClassVar[int] = CANCEL
+    id: str
+    now: float
+
+
+class Retry(Record, array_like=True, gc=False, frozen=True):
+    """RETRY: the dead or cancelled job was sent back to ``ready`` at ``now``."""
+
+    kind: ClassVar[int] = RETRY
+    id: str
+    now: float
+
+
+class Drop(Record, array_like=True, gc=False, frozen=True):
+    """DROP: the terminal job was evicted."""
+
+    kind: ClassVar[int] = DROP
+    id: str
+
+
+class Snooze(Record, array_like=True, gc=False, frozen=True):
+    """SNOOZE: the attempt under ``epoch`` snoozed until ``run_at``, uncounted (format 3)."""
+
+    kind: ClassVar[int] = SNOOZE
+    id: str
+    epoch: int
+    run_at: float
+    now: float
+
+
+class Row(Record, array_like=True, gc=False, frozen=True):
+    """ENTRY: one job of a checkpoint, as ``JobTable.export()`` makes and ``JobTable.restore`` takes it.
+
+    ``errors`` and ``snoozes`` are new in format 3. The fields after them are
+    ADD's new ones, for a job's whole life (nothing writes them yet; replay
+    ignores them).
+    """
+
+    kind: ClassVar[int] = ENTRY
+    id: str
+    task: str
+    payload: dict[str, Any]
+    state: str
+    priority: int
+    key: str | None
+    max_attempts: int
+    run_at: float
+    created_at: float
+    seq: int
+    attempts: int
+    epoch: int
+    finished_at: float | None
+    result: Any
+    error: str | None
+    errors: tuple[tuple[int, str, str | None, float], ...] = ()
+    snoozes: int = 0
+    queue: str = "default"
+    tenant: str | None = None
+    limits: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    deadline: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class CheckpointBegin(Record, array_like=True, gc=False, frozen=True):
+    """CHECKPOINT_BEGIN: the table is rebuilt from here, from the ``jobs`` ENTRY records that follow."""
+
+    kind: ClassVar[int] = CHECKPOINT_BEGIN
+    jobs: int
+
+
+class CheckpointEnd(Record, array_like=True, gc=False, frozen=True):
+    """CHECKPOINT_END: the checkpoint's ``jobs`` ENTRY records are over."""
+
+    kind: ClassVar[int] = CHECKPOINT_END
+    jobs: int
+
+
+#: Every record struct by its type byte.
+RECORDS: dict[int, type[Record]] = {
+    cls.kind: cls
+    for cls in (Add, Claim, Succeed, Fail, Release, Cancel, Retry, Drop, Row, CheckpointBegin, CheckpointEnd, Snooze)
+}
+
+_DECODERS: dict[int, Callable[[bytes | memoryview], Record]] = {
+    kind: msgspec.msgpack.Decoder(cls).decode for kind, cls in RECORDS.items()
+}
+
+
+def decode_record(kind: int, payload: bytes | memoryview) -> Record:
+    """The record of type ``kind`` that ``payload`` holds.
+
+    Raises ``KeyError`` for a type that is no record's, and
+    ``msgspec.ValidationError`` (or ``DecodeError``) for a payload that does
+    not fit the type's struct.
+    """
+    return _DECODERS[kind](payload)
+
+
+#: Per struct: each field's default, or ``_REQUIRED``.
+_REQUIRED = object()
+_DEFAULTS: dict[type[Record], tuple[Any, ...]] = {
+    cls: tuple(_REQUIRED if f.default is msgspec.NODEFAULT else f.default for f in msgspec.structs.fields(cls))
+    for cls in RECORDS.values()
+}
+
+
+def record_fields(record: Record) -> tuple[Any, ...]:
+    """``record``'s fields as the log writes them: in order, trailing fields at their defaults left off.
+
+    A default counts only as itself, of its own type (``0.0`` is not the
+    default ``0``), so what is written always decodes back equal.
+    """
+    values = msgspec.structs.astuple(record)
+    defaults = _DEFAULTS[type(record)]
+    end = len(values)
+    while end:
+        value, default = values[end - 1], defaults[end - 1]
+        if default is _REQUIRED or type(value) is not type(default) or value != default:
+            break
+        end -= 1
+    return values[:end]
