@@ -312,7 +312,7 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
         await store.retry(d.id)
         e = await claim(store)
         assert await store.complete([Released(e.id, e.epoch)]) == [JobState.READY]
-        (hi,) = await store.add([NewJob("t", {}, 5, None, 3, clock.now)])  # claimed first: priority 5
+        (hi,) = await store.add([NewJob("t", {}, 5, None, 3)])  # claimed first: priority 5
         e = await claim(store)
         assert e.id == hi.id and await store.complete([Snoozed(e.id, e.epoch, 0.0)]) == [JobState.READY]
         e = await claim(store)  # snoozed past MAX_SNOOZES: the table fails it

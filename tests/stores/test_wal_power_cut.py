@@ -85,7 +85,7 @@ def _config() -> StoreConfig:
 
 
 def _job(n: int) -> NewJob:
-    return NewJob(task="t", payload={"n": n, "pad": "x" * 100}, priority=0, key=None, max_attempts=3, run_at=0.0)
+    return NewJob(task="t", payload={"n": n, "pad": "x" * 100}, priority=0, key=None, max_attempts=3)
 
 
 async def _ids(directory: Path) -> set[str]:

@@ -202,7 +202,7 @@ class Queue:
         if key is not None and (not isinstance(key, str) or not key):
             where = _where(index)
             raise InvalidJob(f"{where}key must be a non-empty string or None, got {key!r}", field=f"{where}key")
-        return NewJob(task, payload, priority, key, max_attempts, now + delay)
+        return NewJob(task, payload, priority, key, max_attempts, delay)
 
     # ------------------------------------------------------------- querying
 

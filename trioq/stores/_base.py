@@ -34,7 +34,11 @@ __all__ = [
 
 
 class NewJob(msgspec.Struct, frozen=True, gc=False):
-    """A validated job on its way into a store: defaults resolved, ``run_at`` absolute.
+    """A validated job on its way into a store: defaults resolved.
+
+    ``delay`` is seconds from now on the store's own clock (a finite number
+    >= 0): the store sets ``run_at``, as a shared store's clock is not the
+    caller's (DESIGN.md section 2: delays travel as durations).
 
     A struct the cyclic GC never tracks (it holds no cycle: the payload cannot
     refer back to it), so a batch of 10,000 of them adds nothing for the
@@ -46,7 +50,7 @@ class NewJob(msgspec.Struct, frozen=True, gc=False):
     priority: int
     key: str | None
     max_attempts: int
-    run_at: float
+    delay: float = 0.0
 
 
 @attrs.frozen

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import pytest
 
-from ..._model import MAX_ERRORS_KEPT, MAX_SNOOZES, FailedAttempt, Job, JobState, QueueFull
+from ..._model import MAX_ERRORS_KEPT, MAX_SNOOZES, FailedAttempt, InvalidJob, Job, JobState, QueueFull
 from .._base import Failed, Outcome, Released, Snoozed, Store, Succeeded
 from ._fixtures import CaseBase, zero_counts
 from ._harness import Harness, claim_one, complete_one
@@ -55,10 +56,16 @@ class AddCases(CaseBase):
         assert await store.get(scheduled.id) == scheduled
         assert await store.counts() == zero_counts(ready=1, scheduled=1)
 
-    async def test_add_past_run_at_is_ready(self, store: Store, harness: Harness) -> None:
-        """A job due in the past is ready at once."""
-        (job,) = await store.add([harness.job(delay=-30.0)])
-        assert job.state is JobState.READY
+    async def test_add_without_delay_is_ready_and_a_bad_delay_is_refused(self, store: Store, harness: Harness) -> None:
+        """A job with no delay is ready at once; a delay that is negative, infinite or NaN is refused
+        (``InvalidJob`` naming ``delay``) before anything changes."""
+        (job,) = await store.add([harness.job()])
+        assert job.state is JobState.READY and job.run_at == harness.clock.now
+        for bad in (-30.0, math.inf, math.nan):
+            with pytest.raises(InvalidJob) as excinfo:
+                await store.add([harness.job(), harness.job(delay=bad)])
+            assert excinfo.value.field == "jobs[1].delay"
+        assert (await store.counts())["ready"] == 1
 
     async def test_add_signals_ready_count_and_scheduled_run_at(self, store: Store, harness: Harness) -> None:
         """``add`` hints how many jobs became ready, and each scheduled job's ``run_at``."""
@@ -172,15 +179,21 @@ class AddCases(CaseBase):
 
 
 async def _order_setup(store: Store, harness: Harness) -> list[str]:
-    """Seven ready jobs; returns their ids in the order they must be claimed."""
+    """Seven jobs made ready by the clock; returns their ids in the order they must be claimed.
+
+    Delays are durations from the store's now, so ``run_at`` order comes from delays and from
+    moving the clock between adds: ``late_fifo`` is enqueued after ``fifo1`` and ``fifo2`` but
+    is due before them.
+    """
     job = harness.job
-    (low,) = await store.add([job("low", delay=-10.0, priority=0)])
-    fifo1, fifo2 = await store.add([job("fifo1", delay=-3.0, priority=1), job("fifo2", delay=-3.0, priority=1)])
-    (early,) = await store.add([job("early", delay=-5.0, priority=1)])
+    (low,) = await store.add([job("low", priority=0)])
+    (early,) = await store.add([job("early", delay=1.0, priority=1)])
+    fifo1, fifo2 = await store.add([job("fifo1", delay=3.0, priority=1), job("fifo2", delay=3.0, priority=1)])
     (high,) = await store.add([job("high", priority=2)])
-    (neg,) = await store.add([job("neg", delay=-100.0, priority=-1)])
+    (neg,) = await store.add([job("neg", priority=-1)])
     harness.clock.advance(1.0)
-    (late_fifo,) = await store.add([job("late_fifo", delay=-5.0, priority=1)])  # run_at between early and fifo
+    (late_fifo,) = await store.add([job("late_fifo", delay=1.0, priority=1)])  # due between early and fifo
+    harness.clock.advance(10.0)  # all due
     return [high.id, early.id, late_fifo.id, fifo1.id, fifo2.id, low.id, neg.id]
 
 

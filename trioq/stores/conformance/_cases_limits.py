@@ -164,7 +164,7 @@ class LimitCases(CaseBase):
         """Fields, ids, epochs, errors and delays of builtin subclasses are taken as their plain values."""
         first_store = harness.make()
         async with harness.session(first_store) as store:
-            spec = NewJob(_Str("t"), {"n": 1}, _Int(3), _Str("k"), _Int(4), _Float(harness.clock.now))
+            spec = NewJob(_Str("t"), {"n": 1}, _Int(3), _Str("k"), _Int(4), _Float(0.0))
             (job,) = await store.add([spec])
             assert (type(job.task), type(job.key), type(job.priority), type(job.max_attempts)) == (str, str, int, int)
             claimed = await claim_one(store)

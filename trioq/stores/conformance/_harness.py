@@ -171,14 +171,14 @@ class Harness:
         key: str | None = None,
         max_attempts: int = 3,
     ) -> NewJob:
-        """A :class:`NewJob` due ``delay`` seconds from the fake clock's now."""
+        """A :class:`NewJob` due ``delay`` seconds from the store's now (the fake clock's)."""
         return NewJob(
             task=task,
             payload={} if payload is None else payload,
             priority=priority,
             key=key,
             max_attempts=max_attempts,
-            run_at=self.clock.now + delay,
+            delay=float(delay),
         )
 
     def request(self, limit: int = 1, *, lease: float = 30.0, node: str | None = None) -> ClaimRequest:

@@ -73,7 +73,7 @@ _PLANS = (
 )
 _NODE = st.integers(0, 1)
 _SPEC = st.tuples(
-    st.sampled_from([0.0, 0.0, -5.0, 10.0, 60.0]),  # delay
+    st.sampled_from([0.0, 0.0, 1.0, 10.0, 60.0]),  # delay
     st.sampled_from([None, None, "k1", "k2"]),  # key
     st.sampled_from([0, 0, 1, -1]),  # priority
     st.sampled_from([1, 2, 3, 8]),  # max_attempts

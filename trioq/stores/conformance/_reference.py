@@ -156,10 +156,11 @@ class Reference:
             if job.id in self.jobs or job.id in self.dropped:
                 found.append(f"add answered the id {job.id} of another job for a new one")
                 continue
-            state = _S if spec.run_at > now else _R
+            run_at = now + spec.delay
+            state = _S if run_at > now else _R
             model = ModelJob(
                 job.id, spec.task, dict(spec.payload), spec.priority, spec.key, spec.max_attempts, now, self._seq,
-                state, spec.run_at,
+                state, run_at,
             )  # fmt: skip
             self._seq += 1
             self.jobs[job.id] = model

@@ -30,6 +30,7 @@ from ..._model import (
     name_problem,
     storable_text,
 )
+from ..._validate import number
 from .._base import (
     CancelResult,
     ClaimRequest,
@@ -61,23 +62,22 @@ def _checked(job: NewJob, where: str) -> NewJob:
     no subclass, and the table keeps what it is given. Names are checked by
     :func:`~trioq._model.name_problem`; ints must fit 64 bits.
     """
-    task, key, priority, max_attempts, run_at = job.task, job.key, job.priority, job.max_attempts, job.run_at
+    task, key, priority, max_attempts, delay = job.task, job.key, job.priority, job.max_attempts, job.delay
     exact = (
         type(task) is str
         and (key is None or type(key) is str)
         and type(priority) is int
         and type(max_attempts) is int
-        and type(run_at) is float
+        and type(delay) is float
+        and 0.0 <= delay < math.inf
     )
     if not exact:
         task = _plain_str(task, f"{where}task")
         key = None if key is None else _plain_str(key, f"{where}key")
         priority = _plain_int(priority, f"{where}priority")
         max_attempts = _plain_int(max_attempts, f"{where}max_attempts")
-        if isinstance(run_at, bool) or not isinstance(run_at, int | float):
-            raise InvalidJob(f"{where}run_at must be a number, got {type(run_at).__name__}", field=f"{where}run_at")
-        run_at = float(run_at)
-        job = NewJob(task, job.payload, priority, key, max_attempts, run_at)
+        delay = number(f"{where}delay", delay)
+        job = NewJob(task, job.payload, priority, key, max_attempts, delay)
     if not (INT_MIN <= priority <= INT_MAX and 1 <= max_attempts <= INT_MAX):
         field = f"{where}priority" if not INT_MIN <= priority <= INT_MAX else f"{where}max_attempts"
         raise InvalidJob(f"{field} cannot be stored: it must be a 64-bit integer (max_attempts >= 1)", field=field)
@@ -211,13 +211,14 @@ class TableStore:
         logs = self.logs
         for j, blob in zip(jobs, packed, strict=True):
             job_id = self._ids()
-            existing = table.add_packed(job_id, j.task, blob, j.priority, j.key, j.max_attempts, j.run_at, now)
+            run_at = now + j.delay
+            existing = table.add_packed(job_id, j.task, blob, j.priority, j.key, j.max_attempts, run_at, now)
             if existing is not None:
                 out.append(table.get(existing))
                 continue
             entry = table.entry(job_id)
             if logs:
-                fields = (job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, j.run_at, now)
+                fields = (job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, run_at, now)
                 entry.logged = record(ADD, fields)
             job = entry.snapshot(j.payload)
             if job.state is JobState.READY:
