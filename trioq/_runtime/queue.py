@@ -289,9 +289,10 @@ class Queue:
                 if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
                     await self.store.sync()  # and every outcome behind that is durable
                     return
-                # This node's outcomes set the event; another node's are seen by the poll.
-                with trio.move_on_after(self._poll_interval):
-                    await progress.wait()
+                # This node's outcomes set the event; another node's are seen by
+                # the poll (_poll_joiners sets it too). No cancel scope here: a
+                # drain wakes this loop every few jobs.
+                await progress.wait()
         finally:
             self._joiners -= 1
 
@@ -357,6 +358,15 @@ class Queue:
         """An attempt's outcome was recorded: join() looks again."""
         if self._joiners:
             self._progress.set()  # join() swaps in a fresh event when it looks again
+
+    async def _poll_joiners(self) -> None:
+        """Every ``poll_interval``, make :meth:`join` look again (outcomes of other nodes)."""
+        if self._poll_interval == math.inf:
+            return
+        while True:
+            await trio.sleep(self._poll_interval)
+            if self._joiners:
+                self._progress.set()
 
     def _finished(self, job: Job) -> None:
         """The store's call for a watched job that just became terminal (inside the transition)."""
@@ -466,6 +476,7 @@ async def open_queue(
             queue._scope = nursery.cancel_scope
             await nursery.start(queue._pool.run)
             nursery.start_soon(queue._maintenance.run)
+            nursery.start_soon(queue._poll_joiners)
             graceful = False
             try:
                 yield queue

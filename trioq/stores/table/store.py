@@ -100,6 +100,9 @@ def _plain_int(value: object, field: str) -> int:
     return int.__index__(value)
 
 
+_READY, _SCHEDULED, _SUCCEEDED = JobState.READY, JobState.SCHEDULED, JobState.SUCCEEDED
+
+
 def _delay(seconds: float) -> float:
     """An outcome's delay as a plain float; a negative one is none. The runtime makes these: anything
     but a finite number is its bug, a ``ValueError`` (the batch's outcomes before it stay applied)."""
@@ -266,22 +269,27 @@ class TableStore:
     async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
         table, config = self._open()
         now = config.clock()
-        out: list[JobState | None] = []
-        for outcome in outcomes:
-            if type(outcome) is Succeeded and not self.logs:  # the hot path, inline
+        if len(outcomes) == 1 and not self.logs:
+            # The hot path: one worker's success, on a store that keeps no log.
+            outcome = outcomes[0]
+            if type(outcome) is Succeeded:
                 try:
                     entry = table.succeed(outcome.job_id, outcome.epoch, outcome.result, now)
                 except InvalidJob:
-                    entry = self._apply(table, outcome, now)
-            else:
-                entry = self._apply(table, outcome, now)
+                    pass  # the general path fails it for good
+                else:
+                    return [None if entry is None else _SUCCEEDED]
+        out: list[JobState | None] = []
+        for outcome in outcomes:
+            entry = self._apply(table, outcome, now)
             if entry is None:
                 out.append(None)
                 continue
-            out.append(entry.state)
-            if entry.state is JobState.READY:
+            state = entry.state
+            out.append(state)
+            if state is _READY:
                 config.on_ready(1)
-            elif entry.state is JobState.SCHEDULED:
+            elif state is _SCHEDULED:
                 config.on_scheduled(entry.run_at)
         # Nobody waits for these records: they join the log's next commit. No
         # schedule point either: this is the hottest call of a drain, and the
