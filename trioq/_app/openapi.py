@@ -12,25 +12,18 @@ import sys
 from functools import cache
 from typing import Any, Final
 
+import attrs
+
 from .._model import INT_MAX, INT_MIN, MAX_NAME_BYTES, JobState
+from .._runtime.totals import Totals
 
 __all__ = ["openapi_spec"]
 
 JSON: Final = "application/json"
 TEXT: Final = "text/plain"
 _STATES: Final = [state.value for state in JobState]
-_TOTALS: Final = (
-    "enqueued",
-    "succeeded",
-    "failed_attempts",
-    "retried",
-    "dead",
-    "timed_out",
-    "hung",
-    "stuck",
-    "cancelled",
-    "released",
-)
+#: The ``totals`` counters, as ``Queue.stats()`` reports them (one source: the Totals class).
+_TOTALS: Final = tuple(field.name for field in attrs.fields(Totals))
 _WORKERS: Final = (
     "configured",
     "busy",
