@@ -30,7 +30,7 @@ from .producer import Producer
 from .totals import Totals
 from .watchdog import STUCK_GRACE, Watchdog
 
-__all__ = ["STUCK_GRACE", "Totals", "WorkerPool"]
+__all__ = ["STUCK_GRACE", "WorkerPool"]
 
 
 @attrs.define(eq=False)

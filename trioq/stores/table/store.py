@@ -106,9 +106,7 @@ _READY, _SCHEDULED, _SUCCEEDED = JobState.READY, JobState.SCHEDULED, JobState.SU
 def _delay(seconds: float) -> float:
     """An outcome's delay as a plain float; a negative one is none. The runtime makes these: anything
     but a finite number is its bug, a ``ValueError`` (the batch's outcomes before it stay applied)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        raise ValueError(f"an outcome's delay must be a finite number of seconds, got {seconds!r}")
-    return max(float(seconds), 0.0)
+    return max(number("an outcome's delay", seconds, minimum=-math.inf, error=ValueError), 0.0)
 
 
 class TableStore:
