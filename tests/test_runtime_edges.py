@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -45,11 +45,19 @@ class _Wrapped:
         self.extend_fails_at = extend_fails_at
         self.deaf_to_ready = deaf_to_ready
         self.renewed: dict[str, list[float]] = {}
+        self.running_at_exit: int | None = None
 
-    def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:
+    @asynccontextmanager
+    async def session(self, config: StoreConfig) -> AsyncIterator[None]:
         if self.deaf_to_ready:
             config = attrs.evolve(config, on_ready=lambda n: None)
-        return self.inner.session(config)
+        async with self.inner.session(config):
+            try:
+                yield
+            finally:
+                # What the runtime left running, before MemoryStore's own session end
+                # (one node: it releases everything) would hide it.
+                self.running_at_exit = (await self.inner.counts())["running"]
 
     async def claim(self, request: ClaimRequest) -> list[trioq.Job]:
         if self.claim_sleep:
@@ -135,6 +143,20 @@ async def test_a_store_that_gives_more_than_asked_strands_nothing(autojump_clock
         with trio.fail_after(30):
             await queue.join()
         assert (await queue.stats())["jobs"]["succeeded"] == 3
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_shutdown_releases_the_claims_no_worker_took(batch: bool, autojump_clock: trio.testing.MockClock) -> None:
+    """DESIGN.md invariant 6 for a shared store: jobs the producer holds for workers (a claim gave
+    more than one worker asked for) are released by the runtime itself as it leaves, not left to the
+    store's session end, which on a shared store releases nothing of another node's."""
+    store = _Wrapped(extra_claims=2, batch=batch)
+    async with trioq.open_queue(_registry(), store=store, workers=1, shutdown_grace=0) as queue:  # type: ignore[arg-type]
+        await trio.sleep(0.5)
+        await queue.enqueue_many([trioq.JobSpec("work", {"seconds": 60.0}) for _ in range(3)])
+        await trio.sleep(1)
+        assert (await queue.stats())["jobs"]["running"] == 3  # one attempt, two waiting in the producer
+    assert store.running_at_exit == 0
 
 
 async def test_the_same_claim_twice_runs_once(autojump_clock: trio.testing.MockClock) -> None:
