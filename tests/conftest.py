@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import importlib.util
+import itertools
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from typing import NoReturn
 
 import pytest
 import trio
 import trio.lowlevel
+
+from .pgcluster import Cluster, ExternalCluster, start_cluster
 
 pytest_plugins = ["pytester"]
 
@@ -32,3 +39,32 @@ async def task_tracker() -> AsyncIterator[TaskTracker]:
         yield tracker
     finally:
         trio.lowlevel.remove_instrument(tracker)
+
+
+_database_numbers = itertools.count()
+
+
+def _no_postgres(why: str) -> NoReturn:
+    if os.environ.get("CI"):
+        pytest.fail(f"PostgreSQL is required under CI: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster | ExternalCluster]:
+    """One PostgreSQL server for the session: a throwaway local cluster, or ``TRIOQ_PG_DSN``'s."""
+    if importlib.util.find_spec("psycopg") is None:
+        _no_postgres("psycopg is not installed (pip install 'psycopg[binary]')")
+    cluster = start_cluster()
+    if cluster is None:
+        _no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_cluster: Cluster | ExternalCluster) -> str:
+    """A DSN to a fresh, empty database of its own (not dropped: the cluster is thrown away)."""
+    return pg_cluster.create_database(f"t_{next(_database_numbers)}_{secrets.token_hex(4)}")
