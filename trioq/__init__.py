@@ -25,7 +25,7 @@ from ._model import (
 from ._registry import Registry
 from ._runtime.queue import Queue, WaitTimeout, open_queue
 from ._runtime.runners import ProcessJobContext
-from .stores import MemoryStore, Store, WALCorruption, WALLocked, WALStore
+from .stores import MemoryStore, PostgresStore, Store, WALCorruption, WALLocked, WALStore
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "MemoryStore",
+    "PostgresStore",
     "NoRetry",
     "ProcessJobContext",
     "Queue",

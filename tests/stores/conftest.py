@@ -7,6 +7,9 @@ To add a store, add one entry (see :class:`~trioq.stores.conformance.StoreKind`)
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 
 import trioq
@@ -30,8 +33,26 @@ STORE_KINDS: dict[str, StoreKind] = {
 }
 
 
-@pytest.fixture(params=sorted(STORE_KINDS))
+def schema_for(path: Path) -> str:
+    """A schema of its own for the store of a case (or of a model-based example) kept under ``path``."""
+    return "t_" + hashlib.sha1(str(path).encode()).hexdigest()[:24]
+
+
+def postgres_kind(dsn: str, *, nodes: int = 2) -> StoreKind:
+    """PostgresStore on the test cluster: a schema per case, its sessions on the same schema as nodes."""
+    return StoreKind(
+        make=lambda path: trioq.PostgresStore(dsn, schema=schema_for(path)),
+        reopen=lambda store, path: trioq.PostgresStore(dsn, schema=schema_for(path)),
+        concurrent_sessions=True,
+        inline_hints=False,
+        nodes=nodes,
+    )
+
+
+@pytest.fixture(params=[*sorted(STORE_KINDS), "postgres"])
 def store_kind(request: pytest.FixtureRequest) -> StoreKind:
-    """Each kind of store in turn."""
+    """Each kind of store in turn (PostgresStore on the session's throwaway cluster)."""
+    if request.param == "postgres":
+        return postgres_kind(request.getfixturevalue("pg_cluster").dsn)
     kind: StoreKind = STORE_KINDS[request.param]
     return kind

@@ -15,6 +15,7 @@ from ._base import (
     Succeeded,
 )
 from .memory import MemoryStore
+from .postgres import PostgresStore
 from .wal import WALCorruption, WALLocked, WALStore
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "MemoryStore",
     "NewJob",
     "Outcome",
+    "PostgresStore",
     "Released",
     "Snoozed",
     "Store",

@@ -26,8 +26,8 @@ class ModelCases(CaseBase):
         clock moves, evicts, views and session reopens agree with the reference model at every step:
         states, attempts, epochs, errors, results, run_at and counts.
 
-        A store with ``concurrent_sessions`` is driven through two nodes; one without is checked to refuse
-        a second session along the way.
+        A store with ``concurrent_sessions`` is driven through its kind's ``nodes`` (two or three); one
+        without is checked to refuse a second session along the way.
         """
         pytest.importorskip("hypothesis")
         from ._machine import run_model

@@ -49,6 +49,9 @@ class StoreKind:
     that caused them, exactly once each (an in-process store). A store whose
     hints come from elsewhere (late, or lost) sets it ``False``: the cases
     then check the hints' effect no further than the protocol promises.
+
+    ``nodes``: how many nodes (sessions over the same data, 2 or 3) the
+    model-based run drives, for a kind with ``concurrent_sessions``.
     """
 
     make: Callable[[Path], Store]
@@ -56,6 +59,7 @@ class StoreKind:
     checkpoint: Callable[[Store], Awaitable[None]] | None = None
     concurrent_sessions: bool = False
     inline_hints: bool = True
+    nodes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 3)))
 
 
 class FakeClock:

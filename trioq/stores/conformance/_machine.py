@@ -43,7 +43,7 @@ __all__ = ["run_model"]
 T = TypeVar("T")
 
 #: The nodes of a store that serves concurrent sessions (one-session stores use the first).
-NODES = (NODE, "node-b")
+NODES = (NODE, "node-b", "node-c")
 #: The lease of every claim: longer than any run's clock moves, so no lease lapses and ``rescue`` finds nothing.
 LEASE = 1e6
 _EVERY_STATE = tuple(JobState)
@@ -71,7 +71,7 @@ _PLANS = (
     _Plan(Released),
     *(_Plan(Snoozed, delay=d) for d in (0.0, 5.0, 30.0)),
 )
-_NODE = st.integers(0, 1)
+_NODE = st.integers(0, len(NODES) - 1)
 _SPEC = st.tuples(
     st.sampled_from([0.0, 0.0, 1.0, 10.0, 60.0]),  # delay
     st.sampled_from([None, None, "k1", "k2"]),  # key
@@ -151,7 +151,7 @@ class StoreMachine(RuleBasedStateMachine):
         run = self.run_context
         self.sessions = run.sessions
         self.harness = Harness(run.kind, Path(tempfile.mkdtemp(prefix="example-", dir=run.path)))
-        self.nodes = NODES if run.kind.concurrent_sessions else NODES[:1]
+        self.nodes = NODES[: run.kind.nodes] if run.kind.concurrent_sessions else NODES[:1]
         self.stores: dict[str, Store] = {}
         self.held: dict[str, _Held] = {}
         self.model = Reference(retention=3600.0, max_retained=100_000)

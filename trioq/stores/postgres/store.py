@@ -1,0 +1,613 @@
+"""PostgresStore: the Store protocol in SQL, one queue shared by every node on a database.
+
+Calls run psycopg's sync API in worker threads, on a connection pool
+(psycopg_pool); see ``_transitions`` for the SQL and ``docs/postgres.md``
+for indexes, vacuum and sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import trio
+
+from ..._model import Job, JobNotFound, JobState
+from ..._validate import number
+from .._base import (
+    CancelResult,
+    ClaimRequest,
+    Failed,
+    IdMaker,
+    NewJob,
+    Outcome,
+    Released,
+    Snoozed,
+    StoreConfig,
+    Succeeded,
+)
+from ..table.store import _checked
+from . import _transitions as sql
+from ._listener import listen
+from ._rows import encode_payload
+from ._schema import SCHEMA_VERSION, check_schema_name, current_version, migrate
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+_log = logging.getLogger("trioq.postgres")
+
+#: Seconds the leader's row is held without renewal; renewed every third of it.
+LEADER_TTL = 10.0
+#: At most one NOTIFY of each kind per this many seconds per store (the rest are coalesced).
+NOTIFY_EVERY = 0.002
+#: How long a call keeps retrying while the database cannot be reached (a restart, a failover).
+OUTAGE = 60.0
+_READY, _SCHEDULED = JobState.READY, JobState.SCHEDULED
+_OUTCOMES = (Succeeded, Failed, Released, Snoozed)
+_MAX_NOTIFY = 7000  # bytes of ids in one notification (PostgreSQL's limit is 8000)
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+        import psycopg_pool  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the install
+        raise ImportError("PostgresStore needs psycopg 3 and psycopg_pool: pip install 'trioq[postgres]'") from None
+    return psycopg
+
+
+def _usable_id(job_id: object) -> bool:
+    """Whether ``job_id`` can name a row (PostgreSQL's text holds no NUL)."""
+    return isinstance(job_id, str) and "\x00" not in job_id
+
+
+def _usable_epoch(epoch: object) -> bool:
+    return isinstance(epoch, int) and not isinstance(epoch, bool) and -(2**63) <= epoch < 2**63
+
+
+class PostgresStore:
+    """A :class:`~trioq.stores.Store` in a PostgreSQL database, shared by every queue that opens it.
+
+    Every ``open_queue`` on the same database and ``schema`` is a node of one
+    queue: jobs enqueued by any run on any. ``lease``: seconds a node's
+    running jobs stay its own without renewal (the runtime renews every
+    third of it); a node whose lease lapses (a crash, a lost network) is
+    dead, and the leader rescues its jobs (ready again, uncounted). One
+    node at a time leads (a row with a lease of its own); it runs rescue and
+    eviction.
+
+    The schema is created, or migrated, when a session opens (under an
+    advisory lock, so nodes opening at once are safe); ``migrate=False``
+    refuses to open a schema that is missing or older instead (run ``trioq
+    pg migrate DSN``). ``max_connections`` bounds this store's pool (one more
+    connection listens for hints). Timestamps come from the runtime's clock
+    (keep the machines' clocks in sync, as for any lease). While the
+    database cannot be reached each call retries for up to a minute, then
+    raises.
+
+    A store object serves one session at a time; give each queue its own
+    (many may share one database).
+    """
+
+    #: Every call is a round trip: the runtime batches outcomes.
+    batch_outcomes = True
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "trioq",
+        lease: float = 30.0,
+        migrate: bool = True,
+        max_connections: int = 10,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise TypeError(f"dsn must be a libpq connection string or URL, got {dsn!r:.80}")
+        self.dsn = dsn
+        self.schema = check_schema_name(schema)
+        self.lease = number("lease", lease, above=True, error=ValueError)
+        if not isinstance(migrate, bool):
+            raise TypeError(f"migrate must be True or False, got {migrate!r}")
+        self.migrate = migrate
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 2:
+            raise ValueError(f"max_connections must be an int >= 2, got {max_connections!r}")
+        self.max_connections = max_connections
+        #: The NOTIFY channel of this schema's hints.
+        self.channel = f"trioq_{self.schema}"
+        _psycopg()
+        self._ids = IdMaker()
+        self._config: StoreConfig | None = None
+        self._pool: Any = None
+        self._limiter = trio.CapacityLimiter(max_connections)
+        self._leading = False
+        self._lease_until = -math.inf
+        self._claims = 0
+        #: The earliest run_at of a scheduled job this store knows of: a claim past it promotes first.
+        self._due = math.inf
+        self._last_notify = -math.inf
+        self._pending_ready = 0
+        self._pending_finished: list[str] = []
+        self._notify_wanted: trio.Event | None = None
+        self._fetch: trio.MemorySendChannel[list[str] | None] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore(schema={self.schema!r}, lease={self.lease!r})"
+
+    # ------------------------------------------------------------ plumbing
+
+    def _open(self) -> StoreConfig:
+        config = self._config
+        if config is None:
+            raise RuntimeError("this PostgresStore is not open; use it through trioq.open_queue")
+        return config
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, schema, *args)`` in a worker thread on a pooled connection (see :meth:`_run`).
+
+        Not a cancel point: once the statement is sent, its outcome is waited for.
+        """
+        return await trio.to_thread.run_sync(self._run, fn, args, limiter=self._limiter)
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """``fn(conn, schema, *args)``, retried while the database cannot be reached, for up to :data:`OUTAGE`.
+
+        Errors that say the connection broke, the server is shutting down, or
+        the transaction lost a deadlock are retried (a transition that
+        committed before its connection broke is then refused, or found,
+        by its retry); any other error is raised at once.
+        """
+        psycopg = _psycopg()
+        give_up = time.monotonic() + OUTAGE
+        backoff = 0.02
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    return fn(conn, self.schema, *args)
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > give_up:
+                    raise
+                _log.warning("trioq: PostgreSQL call %s failed (%s); retrying", fn.__name__, exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    def _connect(self) -> Any:
+        psycopg = _psycopg()
+        return psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+
+    # ------------------------------------------------------------ session
+
+    @asynccontextmanager
+    async def session(self, config: StoreConfig) -> AsyncIterator[None]:
+        if self._config is not None:
+            raise RuntimeError(
+                "this PostgresStore is already open by another queue; give each queue its own PostgresStore "
+                "(many may share one database)"
+            )
+        from psycopg_pool import ConnectionPool
+
+        self._config = config
+        pool = ConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self.max_connections,
+            kwargs={"autocommit": True, "prepare_threshold": None},
+            open=False,
+            name=f"trioq-{self.schema}",
+        )
+        try:
+            await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=OUTAGE))
+            self._pool = pool
+            await self._call(self._prepare_schema)
+            self._leading = await self._call(sql.lead, config.node, config.clock(), LEADER_TTL)
+            await self.evict()  # the session's bounds hold from the start
+            stop = threading.Event()
+            send, receive = trio.open_memory_channel[list[str] | None](math.inf)
+            self._fetch = send
+            self._notify_wanted = trio.Event()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._listen, stop)
+                nursery.start_soon(self._notifier)
+                nursery.start_soon(self._lead)
+                nursery.start_soon(self._fetch_finished, receive)
+                try:
+                    yield
+                finally:
+                    with trio.CancelScope(shield=True):
+                        try:
+                            released = await self._call(sql.release_node, config.node)
+                            if released:
+                                self._pending_ready += released
+                                await self._send_notifications()
+                            if self._leading:
+                                await self._call(sql.resign, config.node)
+                        finally:
+                            stop.set()
+                            nursery.cancel_scope.cancel()
+        finally:
+            self._config = None
+            self._pool = None
+            self._fetch = None
+            self._leading = False
+            self._lease_until = -math.inf
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(pool.close)
+
+    def _prepare_schema(self, conn: Any, schema: str) -> None:
+        if self.migrate:
+            migrate(conn, schema)
+            return
+        with conn.cursor() as cur:
+            version = current_version(cur, schema)
+        if version != SCHEMA_VERSION:
+            raise RuntimeError(
+                f"schema {schema!r} is at version {version}, this trioq needs {SCHEMA_VERSION}; run "
+                f"`trioq pg migrate DSN --schema {schema}` (or open with migrate=True)"
+            )
+
+    async def _listen(self, stop: threading.Event, *, task_status: trio.TaskStatus[None]) -> None:
+        """Run the listener thread; started once it first listens (no hint sent after the session opens is
+        missed for want of a listener)."""
+        token = trio.lowlevel.current_trio_token()
+        first = True
+
+        def listening() -> None:
+            nonlocal first
+            if first:
+                first = False
+                task_status.started()
+            else:
+                self._reconnected()
+
+        try:
+            await trio.to_thread.run_sync(
+                listen, self._connect, self.channel, token, self._heard, listening, stop,
+                limiter=trio.CapacityLimiter(1),
+            )  # fmt: skip
+        finally:
+            stop.set()
+
+    def _heard(self, payloads: list[str]) -> None:
+        """Notifications from the listener: the hints of other nodes (our own were given already)."""
+        config = self._config
+        if config is None:
+            return
+        me = config.node
+        ready = 0
+        finished: list[str] = []
+        for payload in payloads:
+            kind, _, rest = payload.partition("|")
+            node, _, rest = rest.partition("|")
+            if node == me:
+                continue
+            try:
+                if kind == "r":
+                    ready += int(rest)
+                elif kind == "c":
+                    job_id, _, epoch = rest.rpartition("|")
+                    config.on_cancel(job_id, int(epoch))
+                elif kind == "f":
+                    finished.extend(self._watched_of(rest))
+            except ValueError:
+                _log.warning("trioq: ignored a malformed notification %r", payload[:200])
+        if ready:
+            config.on_ready(ready)
+        if finished and self._fetch is not None:
+            self._fetch.send_nowait(finished)
+
+    def _watched_of(self, ids: str) -> list[str]:
+        watched = self._open().watched
+        if ids == "*":
+            return list(watched) if isinstance(watched, Collection) else []
+        return [job_id for job_id in ids.split(",") if job_id in watched]
+
+    def _reconnected(self) -> None:
+        """The listener reconnected: notifications may have been lost meanwhile."""
+        config = self._config
+        if config is None:
+            return
+        config.on_ready(1)
+        if self._fetch is not None:
+            self._fetch.send_nowait(self._watched_of("*"))
+
+    async def _fetch_finished(self, receive: trio.MemoryReceiveChannel[list[str] | None]) -> None:
+        """Hand the terminal snapshots of watched jobs another node finished to ``on_finished``."""
+        async for ids in receive:
+            if not ids:
+                continue
+            for job in await self._call(sql.watched_terminal, ids):
+                self._open().on_finished(job)
+
+    async def _lead(self) -> None:
+        config = self._open()
+        while True:
+            await trio.sleep(LEADER_TTL / 3)
+            self._leading = await self._call(sql.lead, config.node, config.clock(), LEADER_TTL)
+
+    def leading(self) -> bool:
+        """Whether this node leads now: the runtime runs rescue and eviction only on the leader."""
+        return self._leading
+
+    # ------------------------------------------------------------- hints
+
+    def _announce(self, ready: int = 0, finished: Sequence[str] = ()) -> None:
+        """Tell other nodes, soon (coalesced: at most one NOTIFY per :data:`NOTIFY_EVERY`)."""
+        self._pending_ready += ready
+        self._pending_finished.extend(finished)
+        if self._notify_wanted is not None:
+            self._notify_wanted.set()
+
+    def _inline_notify(self, ready: int) -> tuple[str, str] | None:
+        """The NOTIFY an add may send in its own transaction, if none went out within :data:`NOTIFY_EVERY`."""
+        now = time.monotonic()
+        if self._pending_ready or now - self._last_notify < NOTIFY_EVERY or not ready:
+            return None
+        self._last_notify = now
+        return self.channel, f"r|{self._open().node}|{ready}"
+
+    async def _notifier(self) -> None:
+        while True:
+            assert self._notify_wanted is not None
+            await self._notify_wanted.wait()
+            self._notify_wanted = trio.Event()
+            wait = self._last_notify + NOTIFY_EVERY - time.monotonic()
+            if wait > 0:
+                await trio.sleep(wait)
+            await self._send_notifications()
+
+    async def _send_notifications(self) -> None:
+        node = self._open().node
+        payloads: list[str] = []
+        if self._pending_ready:
+            payloads.append(f"r|{node}|{self._pending_ready}")
+            self._pending_ready = 0
+        if self._pending_finished:
+            text = ",".join(self._pending_finished)
+            payloads.append(f"f|{node}|{text if len(text) <= _MAX_NOTIFY else '*'}")
+            self._pending_finished = []
+        if payloads:
+            self._last_notify = time.monotonic()
+            await self._call(_notify, self.channel, payloads)
+
+    def _local_finished(self, jobs: Sequence[Job]) -> None:
+        config = self._open()
+        for job in jobs:
+            config.on_finished(job)
+
+    # ------------------------------------------------------ the protocol
+
+    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+        config = self._open()
+        rows = self._rows(jobs)
+        now = config.clock()
+        ready = sum(1 for _, job, _ in rows if job.delay <= 0)
+        notify = self._inline_notify(ready)
+        found = await self._call(sql.add, rows, now, max_pending, notify)
+        added = self._added(rows, found, now, announce=True)
+        if notify is None and ready:
+            self._announce(sum(1 for job, was in zip(added, found, strict=True) if was is None and job.state is _READY))
+        return added
+
+    def add_tx(self, conn: Any, jobs: Sequence[NewJob], now: float) -> list[Job]:
+        """:meth:`add` inside the caller's transaction on the psycopg connection ``conn`` (sync).
+
+        The jobs and their NOTIFY become visible when the caller commits, and
+        never if it rolls back. No ``max_ready`` bound: the caller's
+        transaction decides. Callable from any thread.
+        """
+        self._open()
+        rows = self._rows(jobs)
+        ready = sum(1 for _, job, _ in rows if job.delay <= 0)
+        # Node "": every node hears it, this one included (it commits later, out of our sight).
+        notify = (self.channel, f"r||{ready}") if ready else None
+        found = sql.add(conn, self.schema, rows, now, None, notify)
+        return self._added(rows, found, now, announce=False)
+
+    def _rows(self, jobs: Sequence[NewJob]) -> list[tuple[str, NewJob, str]]:
+        rows = []
+        for i, job in enumerate(jobs):
+            where = "" if len(jobs) == 1 else f"jobs[{i}]."
+            checked = _checked(job, where)
+            rows.append((self._ids(), checked, encode_payload(checked.payload, f"{where}payload")))
+        return rows
+
+    def _added(
+        self, rows: list[tuple[str, NewJob, str]], found: list[Job | None], now: float, *, announce: bool
+    ) -> list[Job]:
+        config = self._config
+        out: list[Job] = []
+        ready = 0
+        for (job_id, job, _), existing in zip(rows, found, strict=True):
+            if existing is not None:
+                out.append(existing)
+                continue
+            run_at = now + job.delay
+            state = _SCHEDULED if run_at > now else _READY
+            out.append(
+                Job(job_id, job.task, job.payload, state, 0, 0, job.priority, job.key, job.max_attempts, run_at, now,
+                    None, None, None)
+            )  # fmt: skip
+            if state is _READY:
+                ready += 1
+            elif announce and config is not None:
+                self._scheduled(run_at)
+        if announce and config is not None and ready:
+            config.on_ready(ready)
+        return out
+
+    async def claim(self, request: ClaimRequest) -> list[Job]:
+        config = self._open()
+        limit = request.limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"ClaimRequest.limit must be an int >= 0, got {limit!r}")
+        if limit == 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = config.clock()
+        lease_until = None
+        if self._lease_until < now + request.lease / 2:
+            lease_until = now + request.lease
+        self._claims += 1
+        token = f"{self._claims}"
+        tries = 0
+        promote = now >= self._due
+        promoted: tuple[int, float | None] = (0, None)
+
+        def claim(conn: Any, schema: str) -> list[Job]:
+            nonlocal tries, promoted
+            tries += 1
+            if promote and tries == 1:
+                promoted = sql.promote(conn, schema, now)
+            return sql.claim(conn, schema, request.node, limit, lease_until, token, tries > 1)
+
+        claim.__name__ = "claim"
+        jobs = await self._call(claim)
+        if promote:
+            self._promoted(*promoted)
+        if lease_until is not None:
+            self._lease_until = max(self._lease_until, lease_until)
+        return jobs
+
+    async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
+        config = self._open()
+        usable = [(str(job_id), int(epoch)) for job_id, epoch in held if _usable_id(job_id) and _usable_epoch(epoch)]
+        until = config.clock() + lease
+        answers = iter(await self._call(sql.extend, node, usable, until) if usable else [])
+        if node == config.node:
+            self._lease_until = until
+        return [next(answers) if _usable_id(job_id) and _usable_epoch(epoch) else False for job_id, epoch in held]
+
+    async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
+        config = self._open()
+        if not outcomes:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = config.clock()
+        usable = [o for o in outcomes if _usable_id(o.job_id) and _usable_epoch(o.epoch)]
+        for o in outcomes:
+            if not isinstance(o, _OUTCOMES):
+                raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
+        states, finished, snapshots, scheduled = await self._call(
+            _complete, usable, now, config.watched, config.max_retained
+        )
+        answers = iter(states)
+        out = [next(answers) if _usable_id(o.job_id) and _usable_epoch(o.epoch) else None for o in outcomes]
+        ready = sum(1 for state in out if state is _READY)
+        for run_at in scheduled:
+            self._scheduled(run_at)
+        if ready:
+            config.on_ready(ready)
+        self._local_finished(snapshots)
+        if ready or finished:
+            self._announce(ready, finished)
+        return out
+
+    async def rescue(self) -> int:
+        config = self._open()
+        rescued = await self._call(sql.rescue, config.clock())
+        if rescued:
+            config.on_ready(rescued)
+            self._announce(rescued)
+        return rescued
+
+    async def sync(self, job_id: str | None = None) -> None:
+        self._open()
+        await trio.lowlevel.checkpoint()  # every transition is committed before it returns
+
+    async def get(self, job_id: str) -> Job:
+        self._open()
+        if not _usable_id(job_id):
+            await trio.lowlevel.checkpoint()
+            raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
+        return await self._call(sql.get, job_id)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        config = self._open()
+        if not _usable_id(job_id):
+            await trio.lowlevel.checkpoint()
+            raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
+        result, running, _ = await self._call(
+            _cancel, job_id, config.clock(), self.channel, config.node, config.max_retained
+        )
+        if running is not None:
+            config.on_cancel(job_id, running)
+        if result.changed:
+            if job_id in config.watched:
+                config.on_finished(result.job)
+            self._announce(finished=[job_id])
+        return result
+
+    async def retry(self, job_id: str) -> Job:
+        config = self._open()
+        if not _usable_id(job_id):
+            await trio.lowlevel.checkpoint()
+            raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
+        job = await self._call(sql.retry, job_id, config.clock(), (self.channel, f"r|{config.node}|1"))
+        config.on_ready(1)
+        return job
+
+    async def promote(self) -> float | None:
+        config = self._open()
+        promoted, next_run_at = await self._call(sql.promote, config.clock())
+        self._promoted(promoted, next_run_at)
+        return next_run_at
+
+    def _promoted(self, promoted: int, next_run_at: float | None) -> None:
+        self._due = math.inf if next_run_at is None else next_run_at
+        if promoted:
+            self._open().on_ready(promoted)
+            self._announce(promoted)
+
+    def _scheduled(self, run_at: float) -> None:
+        self._due = min(self._due, run_at)
+        self._open().on_scheduled(run_at)
+
+    async def evict(self) -> int:
+        config = self._open()
+        evicted = await self._call(sql.evict, config.clock() - config.retention, config.max_retained)
+        return len(evicted)
+
+    async def counts(self) -> dict[str, int]:
+        self._open()
+        return await self._call(sql.counts)
+
+    async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
+        self._open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        return await self._call(sql.jobs, list(states), limit)
+
+
+def _notify(conn: Any, schema: str, channel: str, payloads: list[str]) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT " + ", ".join("pg_notify(%s, %s)" for _ in payloads),
+            [value for payload in payloads for value in (channel, payload)],
+        )
+
+
+def _complete(
+    conn: Any, schema: str, outcomes: Sequence[Outcome], now: float, watched: Any, max_retained: int
+) -> tuple[list[JobState | None], list[str], list[Job], list[float]]:
+    """``complete`` in one worker thread: the outcomes, the snapshots of watched jobs that finished (read before
+    the ``max_retained`` bound can drop them), the bound applied; and the run times of jobs scheduled again."""
+    states, finished, retained, scheduled = sql.complete(conn, schema, outcomes, now)
+    wanted = [job_id for job_id in finished if job_id in watched]
+    snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
+    if retained > max_retained:
+        sql.trim(conn, schema, retained - max_retained)
+    return states, finished, snapshots, scheduled
+
+
+def _cancel(
+    conn: Any, schema: str, job_id: str, now: float, channel: str, node: str, max_retained: int
+) -> tuple[CancelResult, int | None, int]:
+    result, running, retained = sql.cancel(conn, schema, job_id, now, channel, node)
+    if retained > max_retained:
+        sql.trim(conn, schema, retained - max_retained)
+    return result, running, retained
