@@ -5,13 +5,17 @@ The timer sleeps until the earliest ``run_at`` it heard of (the store's
 promotes. It also wakes every ``poll_interval``: a job scheduled by another
 node is heard of by no hint. Rescue (jobs of nodes whose lease lapsed) runs
 every ``poll_interval`` too; eviction of terminal jobs past retention every
-quarter of the retention (between 50 ms and 30 s).
+quarter of the retention (between 50 ms and 30 s). A store shared by many
+nodes says which one leads (its ``leading()``): rescue and eviction run on
+that node alone; an in-process store, whose only node is this one, always
+leads.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import trio
 
@@ -26,6 +30,10 @@ __all__ = ["Maintenance"]
 _TIMER_SLACK = 1e-5
 
 
+def _always() -> bool:
+    return True
+
+
 class Maintenance:
     """See the module docstring. ``offset`` turns the store's wall clock into trio time
     (``wall - offset``)."""
@@ -37,6 +45,8 @@ class Maintenance:
         self._poll_interval = poll_interval
         self._timer_at = math.inf
         self._timer_scope: trio.CancelScope | None = None
+        leading = getattr(store, "leading", None)
+        self._leading: Callable[[], bool] = leading if callable(leading) else _always
 
     def scheduled(self, run_at: float) -> None:
         """The store's hint: a job was scheduled for wall-clock ``run_at``."""
@@ -69,11 +79,14 @@ class Maintenance:
         every = min(max(self._retention / 4, 0.05), 30.0)
         while True:
             await trio.sleep(every)
-            await self._store.evict()
+            if self._leading():
+                await self._store.evict()
 
     async def _rescue(self) -> None:
         while True:
             await trio.sleep(self._poll_interval)
+            if not self._leading():
+                continue
             rescued = await self._store.rescue()
             if rescued:
                 message = "rescued %d running job(s) of nodes whose lease lapsed"

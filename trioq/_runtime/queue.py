@@ -45,8 +45,14 @@ if TYPE_CHECKING:  # imported when a plan is given: a queue without faults pays 
 __all__ = ["Queue", "WaitTimeout", "open_queue"]
 
 
-#: Seconds a node's claims stay its own without renewal (a shared store rescues them after).
+#: Seconds a node's claims stay its own without renewal (a shared store rescues them after),
+#: unless the store names its own (``PostgresStore(lease=...)``).
 _LEASE = 30.0
+
+
+def _lease(store: Store) -> float:
+    lease = getattr(store, "lease", _LEASE)
+    return lease if isinstance(lease, int | float) and 0 < lease < math.inf else _LEASE
 
 
 class WaitTimeout(TrioqError, TimeoutError):
@@ -94,7 +100,7 @@ class Queue:
             totals=self._totals,
             on_outcome=self._outcome,
             node=self.node,
-            lease=_LEASE,
+            lease=_lease(store),
             poll_interval=poll_interval,
         )
         self._maintenance = Maintenance(store, offset=self._offset, retention=retention, poll_interval=poll_interval)
@@ -140,6 +146,39 @@ class Queue:
         """
         spec = JobSpec(task, {} if payload is None else payload, delay, priority, key, max_attempts)
         return (await self.enqueue_many([spec]))[0]
+
+    def enqueue_tx(self, conn: Any, task: str, payload: dict[str, Any] | None = None, **options: Any) -> Job:
+        """Add one job inside the caller's own transaction on ``conn`` (a psycopg connection): a plain call.
+
+        Takes the options of :meth:`enqueue` and checks them the same way. The
+        job is inserted with ``conn``, so it exists, and workers on any node
+        see it, when the caller commits, and never if the caller rolls back
+        (the wake-up notification is part of the transaction too). Callable
+        from any thread (it blocks on ``conn``), while the queue is open. No
+        ``max_ready`` bound applies: the caller's transaction decides what
+        commits. Only a :class:`~trioq.PostgresStore` can do this; with any
+        other store it raises ``TypeError``.
+        """
+        add_tx = getattr(self.store, "add_tx", None)
+        if add_tx is None:
+            raise TypeError(
+                f"enqueue_tx needs a queue on a trioq.PostgresStore (it inserts with your psycopg connection); "
+                f"this queue's store is a {type(self.store).__name__}: use `await queue.enqueue(...)`"
+            )
+        self._check_open()
+        unknown = set(options) - {"delay", "priority", "key", "max_attempts"}
+        if unknown:
+            raise TypeError(f"enqueue_tx() got unexpected keyword argument(s) {sorted(unknown)}")
+        spec = JobSpec(task, {} if payload is None else payload, **options)
+        try:
+            now = self._clock()
+        except RuntimeError:  # not in the trio thread: the same wall clock, read directly
+            now = time.time()
+        new = self._resolve(spec, now, None)
+        (job,) = add_tx(conn, [new], now)
+        self._totals.enqueued += 1
+        assert isinstance(job, Job)
+        return job
 
     async def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Add several jobs at once, all or nothing; returns their snapshots in order.

@@ -1,0 +1,172 @@
+"""PostgresStore under the runtime: nodes in one process sharing a database, transactional enqueue,
+cancels across nodes, leadership. (The Store protocol itself: the conformance suite; processes: test_pg_processes.)
+
+These run on the real clock against the session's throwaway cluster, each on a database of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+import trio
+
+import trioq
+from trioq.stores.postgres.store import LEADER_TTL
+
+pytestmark = pytest.mark.slow
+
+
+def _registry(started: list[tuple[str, str]] | None = None) -> trioq.Registry:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=2, backoff=trioq.Backoff(base=0.01, jitter=0.0))
+    async def echo(ctx: trioq.JobContext, text: str = "") -> str:
+        return text
+
+    @registry.task
+    async def forever(ctx: trioq.JobContext) -> None:
+        if started is not None:
+            started.append((ctx.job.id, "forever"))
+        await trio.sleep(1000)
+
+    return registry
+
+
+@asynccontextmanager
+async def _node(dsn: str, registry: trioq.Registry, **options: object) -> AsyncIterator[trioq.Queue]:
+    async with trioq.open_queue(registry, store=trioq.PostgresStore(dsn), **options) as queue:  # type: ignore[arg-type]
+        yield queue
+
+
+async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
+    with trio.fail_after(seconds):
+        while not check():  # noqa: ASYNC110 - polls another node's effect, which sets no event here
+            await trio.sleep(0.01)
+
+
+async def test_jobs_enqueued_on_one_node_run_on_another(pg_dsn: str) -> None:
+    """A producer-only node enqueues; a worker node runs every job; wait() on the producer sees each result."""
+    registry = _registry()
+    async with _node(pg_dsn, registry, workers=0) as producer, _node(pg_dsn, registry, workers=8) as worker:
+        jobs = await producer.enqueue_many([trioq.JobSpec("echo", {"text": str(i)}) for i in range(200)])
+        done = [await producer.wait(job.id, timeout=10) for job in jobs[:5]]
+        assert [job.result for job in done] == ["0", "1", "2", "3", "4"]
+        with trio.fail_after(10):
+            await producer.join()
+        assert (await producer.stats())["jobs"]["succeeded"] == 200
+        assert (await worker.stats())["totals"]["succeeded"] == 200
+
+
+async def test_wait_on_another_node_hears_the_outcome_promptly(pg_dsn: str) -> None:
+    """The finishing node's notification ends a wait() on another node well before its one-second poll."""
+    registry = _registry()
+    async with _node(pg_dsn, registry, workers=0) as producer, _node(pg_dsn, registry, workers=2):
+        for _ in range(5):
+            job = await producer.enqueue("echo", {"text": "x"})
+            start = trio.current_time()
+            assert (await producer.wait(job.id, timeout=5)).result == "x"
+            assert trio.current_time() - start < 0.5
+
+
+async def test_enqueue_tx_commits_with_the_callers_transaction_and_never_on_rollback(pg_dsn: str) -> None:
+    """A job inserted in the caller's transaction runs after its commit; one rolled back never exists."""
+    registry = _registry()
+    async with _node(pg_dsn, registry, workers=4) as queue:
+
+        def place_orders() -> tuple[trioq.Job, trioq.Job]:
+            with psycopg.connect(pg_dsn) as conn:
+                conn.execute("CREATE TABLE IF NOT EXISTS orders (id int)")
+                conn.commit()
+                with conn.transaction():
+                    conn.execute("INSERT INTO orders VALUES (1)")
+                    kept = queue.enqueue_tx(conn, "echo", {"text": "kept"})
+                try:
+                    with conn.transaction():
+                        conn.execute("INSERT INTO orders VALUES (2)")
+                        lost = queue.enqueue_tx(conn, "echo", {"text": "lost"}, priority=3)
+                        raise RuntimeError("the order failed")
+                except RuntimeError:
+                    pass
+                assert conn.execute("SELECT array_agg(id) FROM orders").fetchone() == ([1],)
+            return kept, lost
+
+        kept, lost = await trio.to_thread.run_sync(place_orders)
+        assert kept.state is trioq.JobState.READY and lost.priority == 3
+        assert (await queue.wait(kept.id, timeout=10)).result == "kept"
+        with pytest.raises(trioq.JobNotFound):
+            await queue.get(lost.id)
+        with pytest.raises(trioq.UnknownTask):
+            await trio.to_thread.run_sync(lambda: queue.enqueue_tx(None, "nope"))
+
+
+async def test_enqueue_tx_is_refused_clearly_by_other_stores() -> None:
+    async with trioq.open_queue(_registry()) as queue:
+        with pytest.raises(TypeError, match="PostgresStore"):
+            queue.enqueue_tx(None, "echo")
+
+
+async def test_cancel_stops_an_attempt_running_on_another_node_within_a_second(pg_dsn: str) -> None:
+    started: list[tuple[str, str]] = []
+    registry = _registry(started)
+    async with _node(pg_dsn, registry, workers=0) as front, _node(pg_dsn, registry, workers=2) as worker:
+        job = await front.enqueue("forever")
+        await _until(lambda: bool(started))
+        begin = trio.current_time()
+        cancelled = await front.cancel(job.id)
+        assert cancelled.state is trioq.JobState.CANCELLED
+        await _until(lambda: (trio.current_time() - begin > 0.05) and _busy(worker) == 0, seconds=1.0)
+
+
+def _busy(queue: trioq.Queue) -> int:
+    return queue._pool.stats()["busy"]  # type: ignore[no-any-return]
+
+
+async def test_one_leader_at_a_time_and_failover_when_it_leaves(pg_dsn: str) -> None:
+    """Exactly one node leads; when the leader closes, another takes over within a leader round."""
+    registry = _registry()
+    first, second = trioq.PostgresStore(pg_dsn), trioq.PostgresStore(pg_dsn)
+    leave = trio.Event()
+
+    async def run_first(task_status: trio.TaskStatus[None]) -> None:
+        async with trioq.open_queue(registry, store=first, workers=0):
+            task_status.started()
+            await leave.wait()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_first)
+        async with trioq.open_queue(registry, store=second, workers=0):
+            assert (first.leading(), second.leading()) == (True, False)
+            leave.set()  # the leader leaves, resigning its row
+            await _until(lambda: not first.leading() and second.leading(), seconds=LEADER_TTL / 3 + 1.0)
+
+
+async def test_the_schema_is_migrated_once_and_migrate_false_refuses_a_missing_one(pg_dsn: str) -> None:
+    registry = _registry()
+    with pytest.raises(RuntimeError, match="trioq pg migrate"):
+        async with trioq.open_queue(registry, store=trioq.PostgresStore(pg_dsn, schema="other", migrate=False)):
+            pass  # pragma: no cover
+    async with trio.open_nursery() as nursery:  # nodes opening at once migrate once
+        for _ in range(4):
+            nursery.start_soon(_open_and_close, pg_dsn, registry)
+    async with trioq.open_queue(registry, store=trioq.PostgresStore(pg_dsn, migrate=False)) as queue:
+        assert (await queue.enqueue("echo")).state is trioq.JobState.READY
+
+
+async def _open_and_close(dsn: str, registry: trioq.Registry) -> None:
+    async with trioq.open_queue(registry, store=trioq.PostgresStore(dsn), workers=0):
+        pass
+
+
+def test_bad_arguments_are_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="schema"):
+        trioq.PostgresStore("postgresql://x", schema="Bad-Name")
+    with pytest.raises(ValueError, match="lease"):
+        trioq.PostgresStore("postgresql://x", lease=0)
+    with pytest.raises(ValueError, match="lease"):
+        trioq.PostgresStore("postgresql://x", lease=math.inf)
+    with pytest.raises(TypeError, match="dsn"):
+        trioq.PostgresStore(None)  # type: ignore[arg-type]
