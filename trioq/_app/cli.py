@@ -1,4 +1,4 @@
-"""The ``trioq`` command: ``serve``, ``loadgen``, ``demo`` and ``wal verify|inspect``."""
+"""The ``trioq`` command: ``serve``, ``worker``, ``loadgen``, ``demo``, ``wal verify|inspect`` and ``pg migrate``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--app", metavar="MOD:REGISTRY", help="your trioq.Registry (built-in tasks are added)")
     serve.add_argument("--wal", default="./trioq-data", metavar="DIR", help="WAL directory (default ./trioq-data)")
     serve.add_argument("--memory", action="store_true", help="keep jobs in memory instead of a WAL")
+    serve.add_argument(
+        "--postgres", metavar="DSN", help="share a queue on this PostgreSQL database with `trioq worker`s"
+    )
+    serve.add_argument("--schema", default="trioq", help="the PostgreSQL schema of the queue (default trioq)")
+    serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="with --postgres: see trioq worker")
     serve.add_argument("--workers", type=int, default=16)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -41,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
     serve.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
     serve.set_defaults(usage_error=serve.error)
+
+    work = commands.add_parser("worker", help="run tasks from a PostgreSQL queue (a node without HTTP)")
+    work.add_argument("--postgres", required=True, metavar="DSN")
+    work.add_argument("--app", metavar="MOD:REGISTRY", help="your trioq.Registry (built-in tasks are added)")
+    work.add_argument("--schema", default="trioq", help="the PostgreSQL schema of the queue (default trioq)")
+    work.add_argument("--workers", type=int, default=16)
+    work.add_argument("--lease", type=float, default=30.0, metavar="S", help="seconds before a silent node is dead")
+    work.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
+    work.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
 
     load = commands.add_parser("loadgen", help="drive a running server with simulated jobs; print one JSON line")
     load.add_argument("--url", required=True)
@@ -61,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("directory")
     inspect = wal.add_parser("inspect", help="job counts per state, segments and sizes, last checkpoint")
     inspect.add_argument("directory")
+
+    pg = commands.add_parser("pg", help="PostgreSQL: schema upkeep").add_subparsers(dest="pg_command", required=True)
+    migrate = pg.add_parser("migrate", help="create or migrate the queue's schema (open_queue does it too)")
+    migrate.add_argument("dsn", metavar="DSN")
+    migrate.add_argument("--schema", default="trioq")
     return parser
 
 
@@ -97,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     if args.command == "serve":
+        if args.postgres is not None and args.memory:
+            args.usage_error("--postgres and --memory name two stores; give one")
         args.token = _serve_token(args, args.usage_error)
         from .serve import serve
 
@@ -106,6 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         from .loadgen import main as loadgen_main
 
         return loadgen_main(args)
+    if args.command == "worker":
+        from .worker import worker
+
+        trio.run(worker, args)
+        return 0
+    if args.command == "pg":
+        from .worker import migrate_command
+
+        return migrate_command(args.dsn, args.schema)
     if args.command == "demo":
         from .demo import demo
 

@@ -20,7 +20,7 @@ from .._model import error_text
 from .._registry import Registry
 from .._runtime.exits import leaves
 from .._runtime.queue import open_queue
-from ..stores import MemoryStore, WALStore
+from ..stores import MemoryStore, Store, WALStore
 from .builtin import builtin_registry
 
 if TYPE_CHECKING:
@@ -173,7 +173,13 @@ async def serve(args: Any) -> None:
 
     token: str | None = args.token
     registry = load_registry(args.app)
-    store = MemoryStore() if args.memory else WALStore(args.wal, fsync=args.fsync)
+    store: Store
+    if getattr(args, "postgres", None) is not None:
+        from ..stores.postgres import PostgresStore
+
+        store = PostgresStore(args.postgres, schema=args.schema, lease=args.lease)
+    else:
+        store = MemoryStore() if args.memory else WALStore(args.wal, fsync=args.fsync)
     stop = trio.Event()
     async with open_queue(
         registry,

@@ -4,7 +4,8 @@ The timer sleeps until the earliest ``run_at`` it heard of (the store's
 ``on_scheduled`` hint, and what :meth:`Store.promote` says is next), then
 promotes. It also wakes every ``poll_interval``: a job scheduled by another
 node is heard of by no hint. Rescue (jobs of nodes whose lease lapsed) runs
-every ``poll_interval`` too; eviction of terminal jobs past retention every
+every ``poll_interval`` too (every quarter of the lease, if that is sooner:
+a dead node's jobs run again within its lease and a quarter); eviction of terminal jobs past retention every
 quarter of the retention (between 50 ms and 30 s). A store shared by many
 nodes says which one leads (its ``leading()``): rescue and eviction run on
 that node alone; an in-process store, whose only node is this one, always
@@ -38,8 +39,11 @@ class Maintenance:
     """See the module docstring. ``offset`` turns the store's wall clock into trio time
     (``wall - offset``)."""
 
-    def __init__(self, store: Store, *, offset: float, retention: float, poll_interval: float) -> None:
+    def __init__(
+        self, store: Store, *, offset: float, retention: float, poll_interval: float, lease: float = math.inf
+    ) -> None:
         self._store = store
+        self._rescue_every = min(poll_interval, lease / 4)
         self._offset = offset
         self._retention = retention
         self._poll_interval = poll_interval
@@ -61,7 +65,7 @@ class Maintenance:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._timer)
             nursery.start_soon(self._evict)
-            if self._poll_interval != math.inf:
+            if self._rescue_every != math.inf:
                 nursery.start_soon(self._rescue)
 
     async def _timer(self) -> None:
@@ -84,7 +88,7 @@ class Maintenance:
 
     async def _rescue(self) -> None:
         while True:
-            await trio.sleep(self._poll_interval)
+            await trio.sleep(self._rescue_every)
             if not self._leading():
                 continue
             rescued = await self._store.rescue()

@@ -103,7 +103,9 @@ class Queue:
             lease=_lease(store),
             poll_interval=poll_interval,
         )
-        self._maintenance = Maintenance(store, offset=self._offset, retention=retention, poll_interval=poll_interval)
+        self._maintenance = Maintenance(
+            store, offset=self._offset, retention=retention, poll_interval=poll_interval, lease=_lease(store)
+        )
         # The jobs wait() calls are waiting for; the store hands each its
         # terminal snapshot as it finishes (StoreConfig.watched, on_finished).
         self._waiters: dict[str, _Watch] = {}

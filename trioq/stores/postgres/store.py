@@ -42,7 +42,7 @@ __all__ = ["PostgresStore"]
 T = TypeVar("T")
 _log = logging.getLogger("trioq.postgres")
 
-#: Seconds the leader's row is held without renewal; renewed every third of it.
+#: Seconds the leader's row is held without renewal (at most half the store's lease); renewed every third of it.
 LEADER_TTL = 10.0
 #: At most one NOTIFY of each kind per this many seconds per store (the rest are coalesced).
 NOTIFY_EVERY = 0.002
@@ -126,6 +126,8 @@ class PostgresStore:
         self._pool: Any = None
         self._limiter = trio.CapacityLimiter(max_connections)
         self._leading = False
+        #: A leader that dies is replaced well before the nodes it leaves behind lapse.
+        self.leader_ttl = min(LEADER_TTL, self.lease / 2)
         self._lease_until = -math.inf
         self._claims = 0
         #: The earliest run_at of a scheduled job this store knows of: a claim past it promotes first.
@@ -204,7 +206,7 @@ class PostgresStore:
             await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=OUTAGE))
             self._pool = pool
             await self._call(self._prepare_schema)
-            self._leading = await self._call(sql.lead, config.node, config.clock(), LEADER_TTL)
+            self._leading = await self._call(sql.lead, config.node, config.clock(), self.leader_ttl)
             await self.evict()  # the session's bounds hold from the start
             stop = threading.Event()
             send, receive = trio.open_memory_channel[list[str] | None](math.inf)
@@ -326,8 +328,8 @@ class PostgresStore:
     async def _lead(self) -> None:
         config = self._open()
         while True:
-            await trio.sleep(LEADER_TTL / 3)
-            self._leading = await self._call(sql.lead, config.node, config.clock(), LEADER_TTL)
+            await trio.sleep(self.leader_ttl / 3)
+            self._leading = await self._call(sql.lead, config.node, config.clock(), self.leader_ttl)
 
     def leading(self) -> bool:
         """Whether this node leads now: the runtime runs rescue and eviction only on the leader."""

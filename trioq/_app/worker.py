@@ -1,0 +1,64 @@
+"""``trioq worker``: a node without HTTP, running a user's tasks against a shared PostgreSQL queue.
+
+Run one ``trioq serve --postgres DSN`` for the API and as many ``trioq worker
+--postgres DSN --app MOD:REGISTRY`` processes as the work needs; every one is
+a node of the same queue. SIGTERM or SIGINT stops claiming, gives running
+attempts ``--shutdown-grace`` seconds, releases what is left, and exits 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from .._runtime.queue import open_queue
+from .serve import _stop_on_signal, load_registry
+
+__all__ = ["worker"]
+
+
+async def worker(args: Any) -> None:
+    """Run one worker node until SIGTERM/SIGINT (``args``: ``trioq worker``'s parsed command line)."""
+    from ..stores.postgres import PostgresStore
+
+    registry = load_registry(args.app)
+    store = PostgresStore(args.postgres, schema=args.schema, lease=args.lease)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_stop_on_signal, stop)
+        async with open_queue(
+            registry,
+            store=store,
+            workers=args.workers,
+            heartbeat_timeout=args.heartbeat_timeout,
+            shutdown_grace=args.shutdown_grace,
+            precise_timers=True,  # a service owns its trio run: deadlines wake on time
+        ) as queue:
+            print(
+                f"trioq worker {queue.node}: {args.workers} workers, {len(registry)} tasks, schema {store.schema}",
+                flush=True,
+            )
+            await stop.wait()
+            print("trioq worker: stopping; draining", flush=True)
+    print("trioq worker: stopped", flush=True)
+
+
+def migrate_command(dsn: str, schema: str) -> int:
+    """``trioq pg migrate``: bring ``schema`` to this trioq's version; exit status 0, or 1 saying why not."""
+    import psycopg
+
+    from ..stores.postgres._schema import check_schema_name, migrate
+
+    try:
+        check_schema_name(schema)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            before, after = migrate(conn, schema)
+    except (psycopg.Error, RuntimeError, ValueError) as exc:
+        print(f"trioq pg migrate: {exc}")
+        return 1
+    if before == after:
+        print(f"schema {schema}: at version {after} already")
+    else:
+        print(f"schema {schema}: migrated from version {before} to {after}")
+    return 0
