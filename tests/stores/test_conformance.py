@@ -2,13 +2,28 @@
 
 The cases live in the package, :mod:`trioq.stores.conformance`, so that any
 store can run them; ``conftest.py`` says which kinds run here: MemoryStore,
-and WALStore with each ``fsync`` mode.
+WALStore with each ``fsync`` mode, and PostgresStore (two nodes; three in the model-based run below).
 """
 
 from __future__ import annotations
 
-from trioq.stores.conformance import StoreConformance
+import pytest
+
+from tests.pgcluster import Cluster, ExternalCluster
+from tests.stores.conftest import postgres_kind
+from trioq.stores.conformance import StoreConformance, StoreKind
+from trioq.stores.conformance._cases_model import ModelCases
 
 
 class TestStoreConformance(StoreConformance):
     """Every conformance case, once per kind in ``conftest.STORE_KINDS``."""
+
+
+class TestModelBasedRunOnThreePostgresNodes(ModelCases):
+    """The model-based run again for PostgresStore, through three nodes on one schema."""
+
+    model_examples = 40
+
+    @pytest.fixture
+    def store_kind(self, pg_cluster: Cluster | ExternalCluster) -> StoreKind:
+        return postgres_kind(pg_cluster.dsn, nodes=3)

@@ -230,6 +230,8 @@ class PostgresStore:
                                 await self._call(sql.resign, config.node)
                         finally:
                             stop.set()
+                            with trio.move_on_after(1.0):  # wakes our listener at once (others ignore it)
+                                await self._call(_notify, self.channel, [f"s|{config.node}|stop"])
                             nursery.cancel_scope.cancel()
         finally:
             self._config = None
