@@ -107,6 +107,19 @@ class LimitCases(CaseBase):
             assert await store.counts() == zero_counts(ready=1)
             assert (await store.get(kept.id)).key == fine.key
 
+    async def test_the_longest_names_are_held_and_keys_of_that_length_still_deduplicate(
+        self, store: Store, harness: Harness
+    ) -> None:
+        """A task name and a key of ``MAX_NAME_BYTES`` (multi-byte characters too) are kept, and the key
+        still returns its job (a database index limits its entries to fewer bytes: PostgreSQL's to 2704)."""
+        for char in ("k", "é"):
+            name = char * (MAX_NAME_BYTES // len(char.encode()))
+            (job,) = await store.add([harness.job(name, key=name)])
+            (again,) = await store.add([harness.job("other", key=name)])
+            assert again.id == job.id
+            assert (await store.get(job.id)).task == name
+            assert (await store.get(job.id)).key == name
+
     async def test_a_payload_over_the_size_limit_is_refused_and_changes_nothing(
         self, store: Store, harness: Harness
     ) -> None:

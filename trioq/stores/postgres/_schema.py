@@ -29,6 +29,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "  ('scheduled', 'ready', 'running', 'succeeded', 'dead', 'cancelled')),"
         " priority bigint NOT NULL,"
         " key text,"
+        " key_hash bytea,"
         " max_attempts bigint NOT NULL,"
         " run_at double precision NOT NULL,"
         " created_at double precision NOT NULL,"
@@ -48,8 +49,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX jobs_running ON {s}.jobs (node) WHERE state = 'running'",
         # Retention: terminal jobs in the order they finished.
         "CREATE INDEX jobs_finished ON {s}.jobs (finish_seq) WHERE finish_seq IS NOT NULL",
-        # Idempotency keys: a job holds its key until it is evicted.
-        "CREATE UNIQUE INDEX jobs_key ON {s}.jobs (key) WHERE key IS NOT NULL",
+        # Idempotency keys: a job holds its key until it is evicted. The index is over the key's SHA-256
+        # (made by the client): a btree entry holds at most 2704 bytes, and a key may have 4096.
+        "CREATE UNIQUE INDEX jobs_key ON {s}.jobs (key_hash) WHERE key_hash IS NOT NULL",
         "CREATE INDEX jobs_state_seq ON {s}.jobs (state, seq)",
         "CREATE SEQUENCE {s}.finish_seq",
         # One row per node: its lease on every job it runs.

@@ -14,6 +14,7 @@ statements (a prepared completion got a generic nested-loop plan).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -60,6 +61,11 @@ _STATE_NAMES = tuple(state.value for state in JobState)
 Finished = list[str]
 
 
+def key_hash(key: str) -> bytes:
+    """What the unique index of idempotency keys holds for ``key``."""
+    return hashlib.sha256(key.encode()).digest()
+
+
 def _not_found(job_id: object) -> JobNotFound:
     return JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
 
@@ -83,28 +89,31 @@ def add(
     """
     ids = [r[0] for r in rows]
     keys = [r[1].key for r in rows]
+    hashes = [None if key is None else key_hash(key) for key in keys]
     with conn.transaction(), conn.cursor() as cur:
         if max_pending is not None:
             # Adds that check the bound take turns: two at once could both see room.
             cur.execute(f"SELECT n FROM {s}.counters WHERE id = 2 FOR UPDATE")
             cur.execute(f"SELECT count(*) FROM {s}.jobs WHERE state IN ('ready', 'scheduled')")
             pending = _one(cur)
-            wanted = [k for k in keys if k is not None]
-            held: set[str] = set()
+            wanted = [h for h in hashes if h is not None]
+            held: set[bytes] = set()
             if wanted:
-                cur.execute(f"SELECT key FROM {s}.jobs WHERE key = ANY(%s)", (wanted,))
-                held = {row[0] for row in cur.fetchall()}
+                cur.execute(f"SELECT key_hash FROM {s}.jobs WHERE key_hash = ANY(%s)", (wanted,))
+                held = {bytes(row[0]) for row in cur.fetchall()}
             fresh = len(set(wanted) - held) + sum(1 for k in keys if k is None)
             if fresh and pending + fresh > max_pending:
                 raise QueueFull(
                     f"queue is full: {pending} jobs waiting, max_ready={max_pending}; retry later", retry_after=1.0
                 )
         cur.execute(
-            f"INSERT INTO {s}.jobs (id, task, payload, state, priority, key, max_attempts, run_at, created_at)"
+            f"INSERT INTO {s}.jobs"
+            " (id, task, payload, state, priority, key, key_hash, max_attempts, run_at, created_at)"
             " SELECT u.id, u.task, u.payload::json, CASE WHEN u.delay > 0 THEN 'scheduled' ELSE 'ready' END,"
-            "  u.priority, u.key, u.max_attempts, %s + u.delay, %s"
-            " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::bigint[],"
-            "  %s::float8[]) WITH ORDINALITY AS u(id, task, payload, priority, key, max_attempts, delay, ord)"
+            "  u.priority, u.key, u.key_hash, u.max_attempts, %s + u.delay, %s"
+            " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::bigint[],"
+            "  %s::float8[]) WITH ORDINALITY"
+            "  AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, ord)"
             " ORDER BY u.ord"
             " ON CONFLICT DO NOTHING RETURNING id",
             (
@@ -115,6 +124,7 @@ def add(
                 [r[2] for r in rows],
                 [r[1].priority for r in rows],
                 keys,
+                hashes,
                 [r[1].max_attempts for r in rows],
                 [r[1].delay for r in rows],
             ),
@@ -124,9 +134,11 @@ def add(
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
         if missing:
             wanted_ids = [ids[i] for i in missing]
-            wanted_keys = [keys[i] for i in missing if keys[i] is not None]
+            wanted_hashes = [hashes[i] for i in missing if hashes[i] is not None]
             cur.execute(
-                f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = ANY(%s) OR key = ANY(%s)", (wanted_ids, wanted_keys)
+                f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = ANY(%s)"
+                f" UNION ALL SELECT {COLUMNS} FROM {s}.jobs WHERE key_hash = ANY(%s)",
+                (wanted_ids, wanted_hashes),
             )
             found = [job_from_row(row) for row in cur.fetchall()]
             by_id = {job.id: job for job in found}

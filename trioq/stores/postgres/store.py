@@ -67,6 +67,19 @@ def _usable_id(job_id: object) -> bool:
     return isinstance(job_id, str) and "\x00" not in job_id
 
 
+#: SQLSTATE classes of errors worth retrying: the connection (08), the server shutting down or
+#: starting (57), a transaction that lost a deadlock or a serialization race (40).
+_TRANSIENT_CLASSES = ("08", "57", "40")
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (a psycopg ``OperationalError``) says the database was out of reach, not that the
+    statement was wrong: a broken connection has no SQLSTATE, or one of :data:`_TRANSIENT_CLASSES`;
+    the pool's timeout waiting for a connection counts too."""
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state[:2] in _TRANSIENT_CLASSES
+
+
 def _usable_epoch(epoch: object) -> bool:
     return isinstance(epoch, int) and not isinstance(epoch, bool) and -(2**63) <= epoch < 2**63
 
@@ -172,7 +185,7 @@ class PostgresStore:
                 with self._pool.connection() as conn:
                     return fn(conn, self.schema, *args)
             except psycopg.OperationalError as exc:
-                if time.monotonic() > give_up:
+                if not _transient(exc) or time.monotonic() > give_up:
                     raise
                 _log.warning("trioq: PostgreSQL call %s failed (%s); retrying", fn.__name__, exc)
                 time.sleep(backoff)
