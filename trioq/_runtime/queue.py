@@ -50,6 +50,10 @@ __all__ = ["Queue", "WaitTimeout", "open_queue"]
 _LEASE = 30.0
 
 
+#: With a store whose calls are round trips, join() counts at most this often.
+_JOIN_PAUSE = 0.02
+
+
 def _lease(store: Store) -> float:
     lease = getattr(store, "lease", _LEASE)
     return lease if isinstance(lease, int | float) and 0 < lease < math.inf else _LEASE
@@ -122,6 +126,7 @@ class Queue:
         )
         self._progress = trio.Event()
         self._joiners = 0
+        self._join_pause = _JOIN_PAUSE if getattr(store, "batch_outcomes", False) else 0.0
         self._closing = False
         self._faults: FaultSession | None = None
         self._scope: trio.CancelScope | None = None
@@ -334,6 +339,10 @@ class Queue:
                 # the poll (_poll_joiners sets it too). No cancel scope here: a
                 # drain wakes this loop every few jobs.
                 await progress.wait()
+                if self._join_pause:
+                    # A shared store counts its jobs with a query: look at most
+                    # every _JOIN_PAUSE, not after every batch of a drain.
+                    await trio.sleep(self._join_pause)
         finally:
             self._joiners -= 1
 
