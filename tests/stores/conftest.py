@@ -46,6 +46,7 @@ def postgres_kind(dsn: str, *, nodes: int = 2) -> StoreKind:
         concurrent_sessions=True,
         inline_hints=False,
         nodes=nodes,
+        bound_at_evict=True,
     )
 
 

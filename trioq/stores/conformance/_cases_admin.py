@@ -178,6 +178,24 @@ class EvictCases(CaseBase):
             assert (await store.get(live.id)).state is JobState.SCHEDULED
             assert await store.counts() == zero_counts(ready=1, scheduled=1)
 
+    @needs("bound_at_evict")
+    async def test_max_retained_bounds_terminal_jobs_at_each_evict(self, harness: Harness) -> None:
+        """Beyond ``max_retained`` terminal jobs, ``evict`` drops the oldest finished, and only those."""
+        async with harness.session(harness.make(), max_retained=2) as store:
+            jobs = await store.add([harness.job() for _ in range(5)])
+            for job in jobs[:4]:
+                harness.clock.advance(1.0)
+                await store.cancel(job.id)
+            assert await store.evict() == 2
+            assert await store.counts() == zero_counts(cancelled=2, ready=1)
+            for job in jobs[:2]:
+                with pytest.raises(JobNotFound):
+                    await store.get(job.id)
+            for job in jobs[2:4]:
+                assert (await store.get(job.id)).state is JobState.CANCELLED
+            assert await store.evict() == 0
+
+    @needs("bound_at_finish")
     async def test_max_retained_bounds_terminal_jobs(self, harness: Harness) -> None:
         """Beyond ``max_retained`` terminal jobs, the oldest finished goes at once, without ``evict``."""
         async with harness.session(harness.make(), max_retained=2) as store:
@@ -196,6 +214,22 @@ class EvictCases(CaseBase):
 
 class ViewCases(CaseBase):
     """``counts``, ``jobs``, ``get``, and the ``on_finished`` hint."""
+
+    async def test_has_pending_where_offered_agrees_with_counts(self, store: Store, harness: Harness) -> None:
+        """A store's ``has_pending()`` (an optional cheaper ``join()`` check) is true exactly while a job is
+        ready, scheduled or running."""
+        has_pending = getattr(store, "has_pending", None)
+        if has_pending is None:
+            return  # the runtime falls back to counts()
+        assert await has_pending() is False
+        _, later = await store.add([harness.job(), harness.job(delay=10.0)])
+        assert await has_pending() is True
+        await store.cancel(later.id)
+        claimed = await claim_one(store)
+        assert await has_pending() is True
+        await complete_one(store, Succeeded(claimed.id, claimed.epoch, None))
+        assert await has_pending() is False
+        assert (await store.counts())["succeeded"] == 1
 
     async def test_counts_follow_every_state(self, store: Store, harness: Harness) -> None:
         """``counts`` answers every state, each with its number of jobs."""

@@ -88,8 +88,9 @@ class SessionCases(CaseBase):
             assert outcome.changed
             if harness.kind.inline_hints:
                 assert harness.hints.cancelled == [(job.id, claimed.epoch)]
+            await store.evict()  # max_retained=0: gone (at once, unless the store applies the bound here)
             with pytest.raises(JobNotFound):
-                await store.get(job.id)  # max_retained=0: gone at once
+                await store.get(job.id)
             assert await store.extend(harness.node, [(job.id, claimed.epoch)], 30.0) == [False]
             late: list[Outcome] = [
                 Succeeded(job.id, claimed.epoch, "late"),

@@ -21,6 +21,8 @@ _PROMISES: dict[str, tuple[Callable[[StoreKind], bool], str]] = {
     "concurrent_sessions": (lambda kind: kind.concurrent_sessions, "the store serves one session at a time"),
     "one_session": (lambda kind: not kind.concurrent_sessions, "the store serves concurrent sessions"),
     "inline_hints": (lambda kind: kind.inline_hints, "the store's hints are not inline: they may come late"),
+    "bound_at_finish": (lambda kind: not kind.bound_at_evict, "the store applies max_retained when it evicts"),
+    "bound_at_evict": (lambda kind: kind.bound_at_evict, "the store applies max_retained as jobs finish"),
 }
 
 

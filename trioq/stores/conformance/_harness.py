@@ -52,6 +52,10 @@ class StoreKind:
 
     ``nodes``: how many nodes (sessions over the same data, 2 or 3) the
     model-based run drives, for a kind with ``concurrent_sessions``.
+
+    ``bound_at_evict``: the store applies ``max_retained`` when :meth:`evict`
+    runs (a shared store's leader, in batches), not inside the transition
+    that finishes a job; the cases then check the bound after ``evict``.
     """
 
     make: Callable[[Path], Store]
@@ -60,6 +64,7 @@ class StoreKind:
     concurrent_sessions: bool = False
     inline_hints: bool = True
     nodes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 3)))
+    bound_at_evict: bool = False
 
 
 class FakeClock:

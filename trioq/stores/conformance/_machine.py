@@ -257,7 +257,9 @@ class StoreMachine(RuleBasedStateMachine):
         self, retention: float, max_retained: int, specs: list[tuple[float, str | None, int, int]]
     ) -> MultipleResults[str]:
         """Open the sessions (one per node) with the example's retention bounds, and add a first batch."""
-        self.model = Reference(retention=retention, max_retained=max_retained)
+        self.model = Reference(
+            retention=retention, max_retained=max_retained, bound_at_evict=self.harness.kind.bound_at_evict
+        )
         self.overrides = {"retention": retention, "max_retained": max_retained}
         first = self.harness.make()
         for node in self.nodes:

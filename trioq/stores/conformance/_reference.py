@@ -119,9 +119,11 @@ class Reference:
     until :meth:`evict` finds them ``retention`` seconds old.
     """
 
-    def __init__(self, *, retention: float, max_retained: int) -> None:
+    def __init__(self, *, retention: float, max_retained: int, bound_at_evict: bool = False) -> None:
         self.retention = retention
         self.max_retained = max_retained
+        #: The store applies ``max_retained`` in :meth:`evict` only (see ``StoreKind.bound_at_evict``).
+        self.bound_at_evict = bound_at_evict
         #: Every retained job, in enqueue order.
         self.jobs: dict[str, ModelJob] = {}
         self.keys: dict[str, str] = {}
@@ -248,7 +250,7 @@ class Reference:
         job.finished_at = now
         job.node = None
         self.retained.append(job.id)
-        while len(self.retained) > self.max_retained:
+        while len(self.retained) > self.max_retained and not self.bound_at_evict:
             self._drop(self.retained[0])
 
     def _drop(self, job_id: str) -> None:
