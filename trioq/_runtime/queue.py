@@ -50,8 +50,8 @@ __all__ = ["Queue", "WaitTimeout", "open_queue"]
 _LEASE = 30.0
 
 
-#: With a store whose calls are round trips, join() counts at most this often.
-_JOIN_PAUSE = 0.02
+#: With a store whose calls are round trips, join() asks at most this often.
+_JOIN_PAUSE = 0.005
 
 
 def _lease(store: Store) -> float:
@@ -331,8 +331,7 @@ class Queue:
                 progress = self._progress
                 if progress.is_set():
                     progress = self._progress = trio.Event()
-                counts = await self.store.counts()
-                if counts["ready"] + counts["scheduled"] + counts["running"] == 0:
+                if not await self._pending():
                     await self.store.sync()  # and every outcome behind that is durable
                     return
                 # This node's outcomes set the event; another node's are seen by
@@ -399,6 +398,14 @@ class Queue:
 
     def _clock(self) -> float:
         return trio.current_time() + self._offset
+
+    async def _pending(self) -> bool:
+        """Whether any job is ready, scheduled or running (a store may answer it cheaper than its counts)."""
+        has_pending = getattr(self.store, "has_pending", None)
+        if has_pending is not None:
+            return bool(await has_pending())
+        counts = await self.store.counts()
+        return counts["ready"] + counts["scheduled"] + counts["running"] > 0
 
     def _check_open(self) -> None:
         if self._closing:

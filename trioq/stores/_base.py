@@ -200,11 +200,12 @@ class Store(Protocol):
     #: call is a round trip) instead of completing each attempt inline (an in-process store).
     batch_outcomes: bool
 
-    # Two members a store shared by many nodes adds, which the runtime reads if present (so
-    # they are not part of the checked protocol): ``lease`` (float seconds), the lease the
-    # runtime claims and extends with instead of its default 30 s, and ``leading() -> bool``,
-    # whether this session is the one node that runs store-wide upkeep now (rescue and
-    # eviction); without it, every session does.
+    # Members a store may add, which the runtime reads if present (so they are not part of the
+    # checked protocol): ``lease`` (float seconds), the lease the runtime claims and extends with
+    # instead of its default 30 s; ``leading() -> bool``, whether this session is the one node
+    # that runs store-wide upkeep now (rescue and eviction; without it, every session does);
+    # ``async has_pending() -> bool``, whether any job is ready, scheduled or running, when the
+    # store answers that cheaper than :meth:`counts` (``join()`` asks it).
 
     def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:
         """Open the store for one queue; leaving the block closes it."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from ..._model import FailedAttempt, Job, JobState
+from ..._model import FailedAttempt, InvalidJob, Job, JobState
 from ..table.jobs import pack_payload, stored_result
 
 __all__ = ["COLUMNS", "encode_payload", "encode_result", "job_from_row", "loads"]
@@ -26,6 +26,8 @@ COLUMNS = (
 )
 
 _STATES = {state.value: state for state in JobState}
+#: The longest JSON text a column takes: PostgreSQL's 1 GB field limit, less room for the row.
+MAX_JSON_BYTES = (1 << 30) - (1 << 20)
 loads = msgspec.json.Decoder().decode
 _dumps = msgspec.json.Encoder().encode
 
@@ -61,7 +63,7 @@ def encode_payload(payload: dict[str, Any], field: str) -> str:
     if type(payload) is dict and not payload:
         return "{}"
     pack_payload(payload, field=field)  # the checks (JSON, 64-bit ints, surrogates, size) of every store
-    return _dumps(payload).decode()
+    return _fits(_dumps(payload), field)
 
 
 def encode_result(result: Any) -> str | None:
@@ -69,7 +71,19 @@ def encode_result(result: Any) -> str | None:
     if result is None:
         return None
     stored_result(result)  # the checks of every store
-    return _dumps(result).decode()
+    return _fits(_dumps(result), "result")
+
+
+def _fits(text: bytes, field: str) -> str:
+    """``text`` decoded, or :class:`~trioq.InvalidJob`: JSON escapes control characters six bytes each, so
+    a value within every store's msgpack limit can still pass PostgreSQL's field limit."""
+    if len(text) > MAX_JSON_BYTES:
+        raise InvalidJob(
+            f"{field} cannot be stored: it is {len(text)} bytes as JSON, and PostgreSQL holds at most "
+            f"{MAX_JSON_BYTES}; keep large data elsewhere and pass a reference to it",
+            field=field,
+        )
+    return text.decode()
 
 
 def encode_errors(errors: Sequence[tuple[int, str, str | None, float]]) -> str:

@@ -38,6 +38,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " node text,"
         " claim text,"
         " finished_at double precision,"
+        " changed_at double precision,"
         " finish_seq bigint,"
         " result json,"
         " error text,"
@@ -52,16 +53,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # Idempotency keys: a job holds its key until it is evicted. The index is over the key's SHA-256
         # (made by the client): a btree entry holds at most 2704 bytes, and a key may have 4096.
         "CREATE UNIQUE INDEX jobs_key ON {s}.jobs (key_hash) WHERE key_hash IS NOT NULL",
-        "CREATE INDEX jobs_state_seq ON {s}.jobs (state, seq)",
         "CREATE SEQUENCE {s}.finish_seq",
         # One row per node: its lease on every job it runs.
         "CREATE TABLE {s}.nodes (id text PRIMARY KEY, expires_at double precision NOT NULL)",
         # The leader: a single row with a lease of its own (River's leader table).
         "CREATE TABLE {s}.leader (name text PRIMARY KEY, node text NOT NULL, expires_at double precision NOT NULL)",
-        # Counters kept in step with the jobs they count: row 1 the retained (terminal) jobs;
-        # row 2 is locked by adds that check max_ready.
-        "CREATE TABLE {s}.counters (id integer PRIMARY KEY, n bigint NOT NULL)",
-        "INSERT INTO {s}.counters VALUES (1, 0), (2, 0)",
+        # One row that adds checking max_ready lock, so that they take turns.
+        "CREATE TABLE {s}.admission (id integer PRIMARY KEY)",
+        "INSERT INTO {s}.admission VALUES (1)",
     ),
 )
 

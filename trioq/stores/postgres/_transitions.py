@@ -4,12 +4,19 @@ These run in worker threads (psycopg's sync API; its async one does not run
 under trio). Each is one transaction: autocommit connections run a single
 statement as its own, and ``conn.transaction()`` wraps the rest. Every
 statement that acts for an attempt names its epoch in the ``WHERE`` clause,
-so a stale attempt changes nothing. Rows are locked in id order where a
-transaction locks several, against deadlocks between nodes.
+so a stale attempt changes nothing. A statement that locks several job rows
+locks them in id order (or skips locked ones), against deadlocks between
+nodes.
 
 Every limit a statement carries is a literal (a parameterised ``LIMIT``
-planned a sequential scan at a large backlog), and connections never prepare
-statements (a prepared completion got a generic nested-loop plan).
+planned a sequential scan at a large backlog), and nothing is prepared (a
+prepared completion got a generic nested-loop plan): ``enqueue_tx`` runs these
+on the caller's connection, whatever its settings.
+
+A call whose connection broke may be tried again after its first try
+committed unseen (``retried``): each transition then recognises its own
+earlier commit (its ids exist; ``changed_at`` is this call's ``now``) and
+answers as the first try would have, instead of refusing what it did.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import hashlib
 import math
 from collections.abc import Collection, Sequence
 from typing import Any
+
+from psycopg.rows import tuple_row
 
 from ..._model import (
     MAX_ERRORS_KEPT,
@@ -34,7 +43,6 @@ from .._base import CancelResult, Failed, NewJob, Outcome, Released, Snoozed, Su
 from ._rows import COLUMNS, encode_errors, encode_result, job_from_row, loads
 
 __all__ = [
-    "Finished",
     "add",
     "cancel",
     "claim",
@@ -43,22 +51,32 @@ __all__ = [
     "evict",
     "extend",
     "get",
+    "has_pending",
     "jobs",
+    "key_hash",
     "lead",
     "promote",
     "release_node",
     "rescue",
     "resign",
     "retry",
-    "trim",
     "watched_terminal",
 ]
 
 _TERMINAL = ("succeeded", "dead", "cancelled")
 _STATE_NAMES = tuple(state.value for state in JobState)
+#: Bytes of job ids one "finished" notification carries (PostgreSQL's limit is 8000); past it, "*".
+_NOTIFY_IDS = 7000
 
-#: Ids of the jobs a transition made terminal, oldest finish first (for hints).
-Finished = list[str]
+
+def _cur(conn: Any) -> Any:
+    """A cursor giving tuples, whatever row factory the connection (maybe the caller's) has."""
+    return conn.cursor(row_factory=tuple_row)
+
+
+def _run(cur: Any, query: str, params: Any = None) -> Any:
+    cur.execute(query, params, prepare=False)
+    return cur
 
 
 def key_hash(key: str) -> bytes:
@@ -68,6 +86,15 @@ def key_hash(key: str) -> bytes:
 
 def _not_found(job_id: object) -> JobNotFound:
     return JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
+
+
+def _finished_notice(done: str) -> str:
+    """SQL of a ``pg_notify(%s, %s || ids)``: the ``f|node|ids`` hint for the ids of CTE ``done`` (none if it
+    is empty); its two parameters are the channel and ``"f|node|"``."""
+    return (
+        f"(SELECT pg_notify(%s, %s || CASE WHEN sum(length(id) + 1) <= {_NOTIFY_IDS}"
+        f" THEN string_agg(id, ',') ELSE '*' END) FROM {done} HAVING count(*) > 0)"
+    )
 
 
 # ---------------------------------------------------------------- add
@@ -80,79 +107,118 @@ def add(
     now: float,
     max_pending: int | None,
     notify: tuple[str, str] | None,
+    *,
+    retried: bool = False,
 ) -> list[Job | None]:
     """Insert ``rows`` (``(id, job, payload JSON)``) all or nothing; ``None`` for each job inserted,
-    the holder's snapshot for a key already held (or an id inserted by an earlier try of this call).
+    the holder's snapshot for a key already held.
 
     ``notify``: ``(channel, payload)`` of a NOTIFY sent in the same
-    transaction. Raises :class:`~trioq.QueueFull` past ``max_pending``.
+    transaction when a job was inserted. Raises :class:`~trioq.QueueFull`
+    (inserting none) past ``max_pending`` ready plus scheduled jobs.
     """
     ids = [r[0] for r in rows]
-    keys = [r[1].key for r in rows]
-    hashes = [None if key is None else key_hash(key) for key in keys]
-    with conn.transaction(), conn.cursor() as cur:
-        if max_pending is not None:
-            # Adds that check the bound take turns: two at once could both see room.
-            cur.execute(f"SELECT n FROM {s}.counters WHERE id = 2 FOR UPDATE")
-            cur.execute(f"SELECT count(*) FROM {s}.jobs WHERE state IN ('ready', 'scheduled')")
-            pending = _one(cur)
-            wanted = [h for h in hashes if h is not None]
-            held: set[bytes] = set()
-            if wanted:
-                cur.execute(f"SELECT key_hash FROM {s}.jobs WHERE key_hash = ANY(%s)", (wanted,))
-                held = {bytes(row[0]) for row in cur.fetchall()}
-            fresh = len(set(wanted) - held) + sum(1 for k in keys if k is None)
-            if fresh and pending + fresh > max_pending:
-                raise QueueFull(
-                    f"queue is full: {pending} jobs waiting, max_ready={max_pending}; retry later", retry_after=1.0
-                )
-        cur.execute(
-            f"INSERT INTO {s}.jobs"
-            " (id, task, payload, state, priority, key, key_hash, max_attempts, run_at, created_at)"
-            " SELECT u.id, u.task, u.payload::json, CASE WHEN u.delay > 0 THEN 'scheduled' ELSE 'ready' END,"
-            "  u.priority, u.key, u.key_hash, u.max_attempts, %s + u.delay, %s"
-            " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::bigint[],"
-            "  %s::float8[]) WITH ORDINALITY"
-            "  AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, ord)"
-            " ORDER BY u.ord"
-            " ON CONFLICT DO NOTHING RETURNING id",
-            (
-                now,
-                now,
-                ids,
-                [r[1].task for r in rows],
-                [r[2] for r in rows],
-                [r[1].priority for r in rows],
-                keys,
-                hashes,
-                [r[1].max_attempts for r in rows],
-                [r[1].delay for r in rows],
-            ),
-        )
-        inserted = {row[0] for row in cur.fetchall()}
-        out: list[Job | None] = [None] * len(rows)
+    hashes = [None if r[1].key is None else key_hash(r[1].key) for r in rows]
+    with _cur(conn) as cur:
+        if retried and _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone():
+            # The first try committed: every job is in (all or nothing), or its key's holder is.
+            return _holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids))
+        if max_pending is None:
+            inserted = _insert(cur, s, rows, hashes, now, notify)
+        else:
+            with conn.transaction():
+                _admit(cur, s, rows, hashes, max_pending)
+                inserted = _insert(cur, s, rows, hashes, now, notify)
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
-        if missing:
-            wanted_ids = [ids[i] for i in missing]
-            wanted_hashes = [hashes[i] for i in missing if hashes[i] is not None]
-            cur.execute(
-                f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = ANY(%s)"
-                f" UNION ALL SELECT {COLUMNS} FROM {s}.jobs WHERE key_hash = ANY(%s)",
-                (wanted_ids, wanted_hashes),
-            )
-            found = [job_from_row(row) for row in cur.fetchall()]
-            by_id = {job.id: job for job in found}
-            by_key = {job.key: job for job in found if job.key is not None}
-            for i in missing:
-                job = by_id.get(ids[i])
-                key = keys[i]
-                if job is None and key is not None:
-                    job = by_key.get(key)
-                if job is None:  # pragma: no cover - a conflict with a row no longer there
-                    raise RuntimeError(f"job {ids[i]} conflicted with a row that is gone; retry the enqueue")
-                out[i] = job
-        if notify is not None and inserted:
-            cur.execute("SELECT pg_notify(%s, %s)", notify)
+        if not missing:
+            return [None] * len(rows)
+        return _holders(cur, s, rows, hashes, missing, inserted=inserted)
+
+
+def _admit(cur: Any, s: str, rows: Sequence[tuple[str, NewJob, str]], hashes: list[bytes | None], bound: int) -> None:
+    """Raise :class:`~trioq.QueueFull` unless ``rows`` fit under ``bound`` ready plus scheduled jobs."""
+    # Adds that check the bound take turns: two at once could both see room.
+    _run(cur, f"SELECT 1 FROM {s}.admission FOR UPDATE")
+    # Counting stops past the bound: the scan costs at most the bound, whatever the backlog.
+    _run(
+        cur,
+        f"SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE state = 'ready' LIMIT {bound + 1}) r"
+        f" UNION ALL SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE state = 'scheduled' LIMIT {bound + 1}) s",
+    )
+    pending = sum(row[0] for row in cur.fetchall())
+    wanted = [h for h in hashes if h is not None]
+    held: set[bytes] = set()
+    if wanted:
+        _run(cur, f"SELECT key_hash FROM {s}.jobs WHERE key_hash = ANY(%s)", (wanted,))
+        held = {bytes(row[0]) for row in cur.fetchall()}
+    fresh = len(set(wanted) - held) + sum(1 for h in hashes if h is None)
+    if fresh and pending + fresh > bound:
+        shown = f"{pending}" if pending <= bound else f"more than {bound}"
+        raise QueueFull(f"queue is full: {shown} jobs waiting, max_ready={bound}; retry later", retry_after=1.0)
+
+
+def _insert(
+    cur: Any,
+    s: str,
+    rows: Sequence[tuple[str, NewJob, str]],
+    hashes: list[bytes | None],
+    now: float,
+    notify: tuple[str, str] | None,
+) -> set[str]:
+    """Insert what no key holder stops, with the NOTIFY, in one statement; the ids inserted."""
+    notice = ", (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))" if notify is not None else ""
+    _run(
+        cur,
+        f"WITH ins AS (INSERT INTO {s}.jobs"
+        " (id, task, payload, state, priority, key, key_hash, max_attempts, run_at, created_at)"
+        " SELECT u.id, u.task, u.payload::json, CASE WHEN u.delay > 0 THEN 'scheduled' ELSE 'ready' END,"
+        "  u.priority, u.key, u.key_hash, u.max_attempts, %s + u.delay, %s"
+        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::bigint[],"
+        "  %s::float8[]) WITH ORDINALITY AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, ord)"
+        " ORDER BY u.ord"
+        f" ON CONFLICT DO NOTHING RETURNING id)"
+        f" SELECT ARRAY(SELECT id FROM ins){notice}",
+        (
+            now,
+            now,
+            [r[0] for r in rows],
+            [r[1].task for r in rows],
+            [r[2] for r in rows],
+            [r[1].priority for r in rows],
+            [r[1].key for r in rows],
+            hashes,
+            [r[1].max_attempts for r in rows],
+            [r[1].delay for r in rows],
+            *(notify or ()),
+        ),
+    )
+    return set(_row(cur)[0])
+
+
+def _holders(
+    cur: Any,
+    s: str,
+    rows: Sequence[tuple[str, NewJob, str]],
+    hashes: list[bytes | None],
+    missing: Collection[int],
+    *,
+    inserted: set[str],
+) -> list[Job | None]:
+    """``None`` for each inserted row; for each of ``missing`` not inserted, its key's holder."""
+    out: list[Job | None] = [None] * len(rows)
+    wanted = [hashes[i] for i in missing if hashes[i] is not None and rows[i][0] not in inserted]
+    if not wanted:
+        return out
+    _run(cur, f"SELECT {COLUMNS}, key_hash FROM {s}.jobs WHERE key_hash = ANY(%s)", (wanted,))
+    by_hash = {bytes(row[15]): job_from_row(row) for row in cur.fetchall()}
+    for i in missing:
+        h = hashes[i]
+        if rows[i][0] in inserted or h is None:
+            continue
+        holder = by_hash.get(h)
+        if holder is None:  # pragma: no cover - the holder was evicted between the statements
+            raise RuntimeError(f"the job holding key {rows[i][1].key!r:.80} just went; enqueue again")
+        out[i] = holder
     return out
 
 
@@ -162,41 +228,36 @@ def add(
 def claim(conn: Any, s: str, node: str, limit: int, lease_until: float | None, token: str, recover: bool) -> list[Job]:
     """Claim up to ``limit`` ready jobs for ``node`` under new epochs, marked with ``token``.
 
-    ``lease_until``: also push the node's lease out to at least then (``None``:
-    the node's row is known to reach past it). ``recover``: an earlier try of
-    this claim may have committed (its connection broke): the jobs it claimed,
-    if any, are returned instead of claiming more.
+    ``lease_until``: first push the node's lease out to at least then
+    (``None``: its row is known to reach past it). ``recover``: an earlier
+    try of this claim may have committed (its connection broke): the jobs it
+    claimed, if any, are returned instead of claiming more.
     """
-    with conn.cursor() as cur:
+    with _cur(conn) as cur:
         if recover:
-            cur.execute(
-                f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = 'running' AND node = %s AND claim = %s", (node, token)
-            )
+            _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = 'running' AND node = %s AND claim = %s",
+                 (node, token))  # fmt: skip
             recovered = [job_from_row(row) for row in cur.fetchall()]
             if recovered:
-                return _claim_order(recovered)
-        lease = ""
-        params: list[Any] = []
+                return sorted(recovered, key=lambda job: (-job.priority, job.run_at))
         if lease_until is not None:
-            lease = (
-                f"n AS (INSERT INTO {s}.nodes (id, expires_at) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE"
-                f" SET expires_at = greatest({s}.nodes.expires_at, excluded.expires_at)), "
+            _run(
+                cur,
+                f"INSERT INTO {s}.nodes (id, expires_at) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE"
+                f" SET expires_at = greatest({s}.nodes.expires_at, excluded.expires_at)",
+                (node, lease_until),
             )
-            params += [node, lease_until]
-        cur.execute(
-            f"WITH {lease}c AS MATERIALIZED (SELECT id FROM {s}.jobs WHERE state = 'ready'"
+        _run(
+            cur,
+            f"WITH c AS MATERIALIZED (SELECT id FROM {s}.jobs WHERE state = 'ready'"
             f"  ORDER BY priority DESC, run_at, seq LIMIT {int(limit)} FOR UPDATE SKIP LOCKED)"
             f" UPDATE {s}.jobs j SET state = 'running', epoch = j.epoch + 1, node = %s, claim = %s"
             f" FROM c WHERE j.id = c.id RETURNING {_qualified('j')}, j.seq",
-            (*params, node, token),
+            (node, token),
         )
         rows = cur.fetchall()
     rows.sort(key=lambda row: (-row[6], row[9], row[15]))
     return [job_from_row(row) for row in rows]
-
-
-def _claim_order(jobs: list[Job]) -> list[Job]:
-    return sorted(jobs, key=lambda job: (-job.priority, job.run_at))
 
 
 def _qualified(alias: str) -> str:
@@ -209,8 +270,9 @@ def _qualified(alias: str) -> str:
 
 def extend(conn: Any, s: str, node: str, held: Sequence[tuple[str, int]], until: float) -> list[bool]:
     """Renew ``node``'s lease to ``until``; for each of ``held``, whether its epoch still runs the job."""
-    with conn.cursor() as cur:
-        cur.execute(
+    with _cur(conn) as cur:
+        _run(
+            cur,
             f"WITH n AS (INSERT INTO {s}.nodes (id, expires_at) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE"
             "  SET expires_at = excluded.expires_at)"
             f" SELECT u.ord FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY AS u(id, epoch, ord)"
@@ -225,82 +287,94 @@ def extend(conn: Any, s: str, node: str, held: Sequence[tuple[str, int]], until:
 
 
 def complete(
-    conn: Any, s: str, outcomes: Sequence[Outcome], now: float
-) -> tuple[list[JobState | None], Finished, int, list[float]]:
-    """Apply ``outcomes`` in order; ``(states, finished ids, retained count after or -1, run_at of each job
-    scheduled again)``.
+    conn: Any, s: str, outcomes: Sequence[Outcome], now: float, channel: str, node: str, *, retried: bool = False
+) -> tuple[list[JobState | None], list[str], list[float]]:
+    """Apply ``outcomes`` in order; ``(states, ids of the jobs finished, run_at of each job scheduled again)``.
 
     A batch of successes of distinct jobs is one statement; any other batch
     locks its jobs' rows (in id order), applies each outcome as the in-process
-    table would, and writes the rows back.
+    table would, and writes the rows back. Both announce the jobs they
+    finished to every node (``f|node|ids``) as they commit.
     """
     ids = [o.job_id for o in outcomes]
-    if all(type(o) is Succeeded for o in outcomes) and len(set(ids)) == len(ids):
-        fast = _succeed_all(conn, s, outcomes, now)  # type: ignore[arg-type]
+    if not retried and all(type(o) is Succeeded for o in outcomes) and len(set(ids)) == len(ids):
+        fast = _succeed_all(conn, s, outcomes, now, channel, node)  # type: ignore[arg-type]
         if fast is not None:
             return fast
-    return _apply_all(conn, s, outcomes, now)
+    return _apply_all(conn, s, outcomes, now, channel, node, retried)
 
 
 def _succeed_all(
-    conn: Any, s: str, outcomes: Sequence[Succeeded], now: float
-) -> tuple[list[JobState | None], Finished, int, list[float]] | None:
-    """Succeed distinct jobs in one statement; ``None`` when a result is unstorable (the general path fails it)."""
+    conn: Any, s: str, outcomes: Sequence[Succeeded], now: float, channel: str, node: str
+) -> tuple[list[JobState | None], list[str], list[float]] | None:
+    """Succeed distinct jobs in one statement; ``None`` when a result is unstorable (the general path fails it).
+
+    Rows are locked in id order first; finish order (what retention evicts by)
+    is the outcomes' order.
+    """
     results: list[str | None] = []
     for o in outcomes:
         try:
             results.append(encode_result(o.result))
         except InvalidJob:
             return None
-    with conn.cursor() as cur:
-        cur.execute(
-            f"WITH u AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) WITH ORDINALITY"
+    with _cur(conn) as cur:
+        _run(
+            cur,
+            "WITH u AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) WITH ORDINALITY"
             "   AS u(id, epoch, result, ord)),"
+            f" lk AS (SELECT j.id FROM {s}.jobs j JOIN u ON j.id = u.id AND j.epoch = u.epoch"
+            "   WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j),"
             f" s AS (SELECT o.id, o.epoch, o.result, o.ord, nextval('{s}.finish_seq') AS fseq"
-            "   FROM (SELECT * FROM u ORDER BY ord) o),"
+            "   FROM (SELECT * FROM u WHERE u.id IN (SELECT id FROM lk) ORDER BY ord) o),"
             f" done AS (UPDATE {s}.jobs j SET state = 'succeeded', attempts = j.attempts + 1,"
-            "   result = s.result::json, error = NULL, finished_at = %s, finish_seq = s.fseq, node = NULL"
-            "   FROM s WHERE j.id = s.id AND j.epoch = s.epoch AND j.state = 'running' RETURNING s.ord),"
-            f" bump AS (UPDATE {s}.counters SET n = n + (SELECT count(*) FROM done) WHERE id = 1 RETURNING n)"
-            " SELECT (SELECT n FROM bump), ARRAY(SELECT ord FROM done ORDER BY ord)",
-            ([o.job_id for o in outcomes], [o.epoch for o in outcomes], results, now),
+            "   result = s.result::json, error = NULL, finished_at = %s, finish_seq = s.fseq, node = NULL,"
+            "   changed_at = %s"
+            "   FROM s WHERE j.id = s.id AND j.epoch = s.epoch AND j.state = 'running' RETURNING s.ord, j.id)"
+            f" SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done')}",
+            ([o.job_id for o in outcomes], [o.epoch for o in outcomes], results, now, now, channel, f"f|{node}|"),
         )
-        row = cur.fetchone()
-    assert row is not None
-    done = set(row[1])
+        row = _row(cur)
+    done = set(row[0])
     states: list[JobState | None] = [JobState.SUCCEEDED if i + 1 in done else None for i in range(len(outcomes))]
-    finished = [outcomes[i - 1].job_id for i in sorted(done)]
-    return states, finished, int(row[0]), []
+    return states, [outcomes[i - 1].job_id for i in sorted(done)], []
 
 
-_ROW = "id, state, epoch, attempts, max_attempts, errors::text, snoozes, run_at, finished_at, result::text, error"
+_ROW = (
+    "id, state, epoch, attempts, max_attempts, errors::text, snoozes, run_at, finished_at, result::text, error,"
+    " changed_at"
+)
 
 
 def _apply_all(
-    conn: Any, s: str, outcomes: Sequence[Outcome], now: float
-) -> tuple[list[JobState | None], Finished, int, list[float]]:
-    scheduled: list[float] = []
-    ids = sorted({o.job_id for o in outcomes if isinstance(o.job_id, str)})
+    conn: Any, s: str, outcomes: Sequence[Outcome], now: float, channel: str, node: str, retried: bool
+) -> tuple[list[JobState | None], list[str], list[float]]:
+    ids = sorted({o.job_id for o in outcomes})
     states: list[JobState | None] = []
-    finished: Finished = []
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(
-            f"SELECT {_ROW} FROM {s}.jobs WHERE id = ANY(%s) AND state = 'running' ORDER BY id FOR UPDATE", (ids,)
-        )
+    finished: list[str] = []
+    scheduled: list[float] = []
+    with conn.transaction(), _cur(conn) as cur:
+        _run(cur, f"SELECT {_ROW} FROM {s}.jobs WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ids,))
         rows: dict[str, dict[str, Any]] = {}
         for r in cur.fetchall():
             rows[r[0]] = {
                 "state": r[1], "epoch": r[2], "attempts": r[3], "max_attempts": r[4],
                 "errors": [] if r[5] is None else loads(r[5]), "snoozes": r[6], "run_at": r[7],
-                "finished_at": r[8], "result": r[9], "error": r[10], "changed": False,
+                "finished_at": r[8], "result": r[9], "error": r[10], "changed_at": r[11], "changed": False,
             }  # fmt: skip
         for outcome in outcomes:
-            row = rows.get(outcome.job_id) if isinstance(outcome.job_id, str) else None
-            if row is None or row["state"] != "running" or row["epoch"] != outcome.epoch:
+            row = rows.get(outcome.job_id)
+            if row is None or row["epoch"] != outcome.epoch:
                 states.append(None)
                 continue
+            if row["state"] != "running":
+                # Refused, unless this is the first try's own work, committed unseen.
+                mine = retried and row["changed_at"] == now and not row["changed"]
+                states.append(JobState(row["state"]) if mine else None)
+                row["changed"] = row["changed"] or mine  # one outcome per attempt is the first try's
+                continue
             _apply(row, outcome, now)
-            row["changed"] = True
+            row["changed"] = row["written"] = True
             state = row["state"]
             states.append(JobState(state))
             if state in _TERMINAL:
@@ -308,41 +382,48 @@ def _apply_all(
                 finished.append(outcome.job_id)
             elif state == "scheduled":
                 scheduled.append(row["run_at"])
-        changed = [(job_id, row) for job_id, row in rows.items() if row["changed"]]
-        retained = -1
+        changed = [(job_id, row) for job_id, row in rows.items() if row.get("written")]
         if changed:
-            seqs: list[int | None] = [None] * len(changed)
-            if finished:
-                cur.execute(f"SELECT nextval('{s}.finish_seq') FROM generate_series(1, {len(finished)})")
-                block = [r[0] for r in cur.fetchall()]
-                for i, (_, row) in enumerate(changed):
-                    if "order" in row:
-                        seqs[i] = block[row["order"]]
-            cur.execute(
-                f"UPDATE {s}.jobs j SET state = u.state, attempts = u.attempts, errors = u.errors::json,"
-                " snoozes = u.snoozes, run_at = u.run_at, finished_at = u.finished_at, finish_seq = u.fseq,"
-                " result = u.result::json, error = u.error, node = CASE WHEN u.state = 'running' THEN j.node END"
-                " FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::int[], %s::float8[],"
-                "  %s::float8[], %s::bigint[], %s::text[], %s::text[])"
-                "  AS u(id, state, attempts, errors, snoozes, run_at, finished_at, fseq, result, error)"
-                " WHERE j.id = u.id",
-                (
-                    [c[0] for c in changed],
-                    [c[1]["state"] for c in changed],
-                    [c[1]["attempts"] for c in changed],
-                    [encode_errors(c[1]["errors"]) if c[1]["errors"] else None for c in changed],
-                    [c[1]["snoozes"] for c in changed],
-                    [c[1]["run_at"] for c in changed],
-                    [c[1]["finished_at"] for c in changed],
-                    seqs,
-                    [c[1]["result"] for c in changed],
-                    [c[1]["error"] for c in changed],
-                ),
-            )
-            if finished:
-                cur.execute(f"UPDATE {s}.counters SET n = n + %s WHERE id = 1 RETURNING n", (len(finished),))
-                retained = _one(cur)
-    return states, finished, retained, scheduled
+            _write_back(cur, s, changed, len(finished), now)
+        if finished:
+            text = ",".join(finished)
+            _run(cur, "SELECT pg_notify(%s, %s)", (channel, f"f|{node}|{text if len(text) <= _NOTIFY_IDS else '*'}"))
+    return states, finished, scheduled
+
+
+def _write_back(cur: Any, s: str, changed: list[tuple[str, dict[str, Any]]], finishing: int, now: float) -> None:
+    """Write the rows :func:`_apply_all` changed; those that finished get finish sequence numbers in order."""
+    seqs: list[int | None] = [None] * len(changed)
+    if finishing:
+        _run(cur, f"SELECT nextval('{s}.finish_seq') FROM generate_series(1, {finishing})")
+        block = [r[0] for r in cur.fetchall()]
+        for i, (_, row) in enumerate(changed):
+            if "order" in row:
+                seqs[i] = block[row["order"]]
+    _run(
+        cur,
+        f"UPDATE {s}.jobs j SET state = u.state, attempts = u.attempts, errors = u.errors::json,"
+        " snoozes = u.snoozes, run_at = u.run_at, finished_at = u.finished_at, finish_seq = u.fseq,"
+        " result = u.result::json, error = u.error, changed_at = %s,"
+        " node = CASE WHEN u.state = 'running' THEN j.node END"
+        " FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::int[], %s::float8[],"
+        "  %s::float8[], %s::bigint[], %s::text[], %s::text[])"
+        "  AS u(id, state, attempts, errors, snoozes, run_at, finished_at, fseq, result, error)"
+        " WHERE j.id = u.id",
+        (
+            now,
+            [c[0] for c in changed],
+            [c[1]["state"] for c in changed],
+            [c[1]["attempts"] for c in changed],
+            [encode_errors(c[1]["errors"]) if c[1]["errors"] else None for c in changed],
+            [c[1]["snoozes"] for c in changed],
+            [c[1]["run_at"] for c in changed],
+            [c[1]["finished_at"] for c in changed],
+            seqs,
+            [c[1]["result"] for c in changed],
+            [c[1]["error"] for c in changed],
+        ),
+    )
 
 
 def _apply(row: dict[str, Any], outcome: Outcome, now: float) -> None:
@@ -401,34 +482,21 @@ def _delay(seconds: float) -> float:
 # --------------------------------------------------------- retention
 
 
-def trim(conn: Any, s: str, excess: int) -> list[str]:
-    """Drop the ``excess`` oldest terminal jobs (those another transaction holds are left to the next trim)."""
-    if excess <= 0:
-        return []
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(
-            f"WITH gone AS (DELETE FROM {s}.jobs WHERE id IN (SELECT id FROM {s}.jobs"
-            f"  WHERE finish_seq IS NOT NULL ORDER BY finish_seq LIMIT {int(excess)} FOR UPDATE SKIP LOCKED)"
-            "  RETURNING id)"
-            f" UPDATE {s}.counters SET n = n - (SELECT count(*) FROM gone) WHERE id = 1"
-            " RETURNING ARRAY(SELECT id FROM gone)"
-        )
-        row = cur.fetchone()
-    return [] if row is None else list(row[0])
-
-
-def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000) -> list[str]:
+def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000) -> int:
     """Drop terminal jobs oldest finish first while they finished at or before ``cutoff`` or are beyond
-    ``max_retained``, stopping at the first that is neither (as the in-process table does); their ids."""
-    evicted: list[str] = []
+    ``max_retained``, stopping at the first that is neither (as the in-process table does); how many.
+
+    Evictions take turns (a transaction-scoped advisory lock): two at once
+    would each drop the same excess.
+    """
+    evicted = 0
     while True:
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute(f"SELECT n FROM {s}.counters WHERE id = 1")
+        with conn.transaction(), _cur(conn) as cur:
+            _run(cur, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"trioq-evict:{s}",))
+            _run(cur, f"SELECT count(*) FROM {s}.jobs WHERE finish_seq IS NOT NULL")
             retained = _one(cur)
-            cur.execute(
-                f"SELECT id, finished_at FROM {s}.jobs WHERE finish_seq IS NOT NULL ORDER BY finish_seq"
-                f" LIMIT {int(batch)} FOR UPDATE SKIP LOCKED"
-            )
+            _run(cur, f"SELECT id, finished_at FROM {s}.jobs WHERE finish_seq IS NOT NULL ORDER BY finish_seq"
+                      f" LIMIT {int(batch)} FOR UPDATE SKIP LOCKED")  # fmt: skip
             oldest = cur.fetchall()
             gone: list[str] = []
             for job_id, finished_at in oldest:
@@ -436,9 +504,8 @@ def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000
                     break
                 gone.append(job_id)
             if gone:
-                cur.execute(f"DELETE FROM {s}.jobs WHERE id = ANY(%s)", (gone,))
-                cur.execute(f"UPDATE {s}.counters SET n = n - %s WHERE id = 1", (cur.rowcount,))
-        evicted += gone
+                _run(cur, f"DELETE FROM {s}.jobs WHERE id = ANY(%s)", (gone,))
+        evicted += len(gone)
         if len(gone) < len(oldest) or len(oldest) < batch:
             return evicted
 
@@ -446,51 +513,65 @@ def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000
 # --------------------------------------------------- cancel and retry
 
 
-def cancel(conn: Any, s: str, job_id: str, now: float, channel: str, node: str) -> tuple[CancelResult, int | None, int]:
-    """Cancel a job not yet terminal: ``(result, epoch of the attempt stopped or None, retained after)``.
+def cancel(
+    conn: Any, s: str, job_id: str, now: float, channel: str, node: str, *, retried: bool = False
+) -> tuple[CancelResult, int | None]:
+    """Cancel a job not yet terminal: ``(result, epoch of the attempt stopped or None)``.
 
-    A running job's cancel is announced (``c|node|id|epoch``) to every node in
-    the same transaction, so the node running it stops the attempt.
+    A running job's cancel is announced (``c|node|job_id|epoch``) to every
+    node in the same transaction, so the node running it stops the attempt;
+    every cancel is announced as a finish (``f|node|job_id``). The cancelled
+    row keeps the node that ran it (``node``), so a retried call can tell.
     """
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(f"SELECT state, epoch FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
+    with conn.transaction(), _cur(conn) as cur:
+        _run(cur, f"SELECT state, epoch, node, changed_at FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
         found = cur.fetchone()
         if found is None:
             raise _not_found(job_id)
-        if found[0] in _TERMINAL:
-            cur.execute(f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))
-            return CancelResult(job_from_row(_row(cur)), False), None, -1
-        cur.execute(
+        state, epoch, ran_on, changed_at = found
+        _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))
+        if state in _TERMINAL:
+            mine = retried and state == "cancelled" and changed_at == now
+            running = epoch if mine and ran_on is not None else None
+            return CancelResult(job_from_row(_row(cur)), mine), running
+        running = epoch if state == "running" else None
+        _run(
+            cur,
             f"UPDATE {s}.jobs SET state = 'cancelled', finished_at = %s, finish_seq = nextval('{s}.finish_seq'),"
-            f" node = NULL WHERE id = %s RETURNING {COLUMNS}",
-            (now, job_id),
+            f" changed_at = %s, node = CASE WHEN state = 'running' THEN node END WHERE id = %s RETURNING {COLUMNS}",
+            (now, now, job_id),
         )
         job = job_from_row(_row(cur))
-        cur.execute(f"UPDATE {s}.counters SET n = n + 1 WHERE id = 1 RETURNING n")
-        retained = _one(cur)
-        running = found[1] if found[0] == "running" else None
+        notices = [f"f|{node}|{job_id}"]
         if running is not None:
-            cur.execute("SELECT pg_notify(%s, %s)", (channel, f"c|{node}|{job_id}|{running}"))
-    return CancelResult(job, True), running, retained
+            notices.append(f"c|{node}|{job_id}|{running}")
+        _run(
+            cur, "SELECT " + ", ".join("pg_notify(%s, %s)" for _ in notices), [v for n in notices for v in (channel, n)]
+        )
+    return CancelResult(job, True), running
 
 
-def retry(conn: Any, s: str, job_id: str, now: float, notify: tuple[str, str]) -> Job:
+def retry(conn: Any, s: str, job_id: str, now: float, notify: tuple[str, str], *, retried: bool = False) -> Job:
     """Send a dead or cancelled job back to ready, its attempts and snoozes reset."""
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(f"SELECT state FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
+    with conn.transaction(), _cur(conn) as cur:
+        _run(cur, f"SELECT state, changed_at, attempts FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
         found = cur.fetchone()
         if found is None:
             raise _not_found(job_id)
-        if found[0] not in ("dead", "cancelled"):
-            raise InvalidJob(f"job {job_id!r} is {found[0]}; only dead or cancelled jobs can be retried", field="state")
-        cur.execute(
+        state, changed_at, attempts = found
+        if retried and state == "ready" and changed_at == now and attempts == 0:
+            return get(conn, s, job_id)  # the first try's
+        if state not in ("dead", "cancelled"):
+            raise InvalidJob(f"job {job_id!r} is {state}; only dead or cancelled jobs can be retried", field="state")
+        _run(
+            cur,
             f"UPDATE {s}.jobs SET state = 'ready', attempts = 0, snoozes = 0, finished_at = NULL,"
-            f" finish_seq = NULL, result = NULL, run_at = %s WHERE id = %s RETURNING {COLUMNS}",
-            (now, job_id),
+            f" finish_seq = NULL, result = NULL, run_at = %s, changed_at = %s, node = NULL WHERE id = %s"
+            f" RETURNING {COLUMNS}",
+            (now, now, job_id),
         )
         job = job_from_row(_row(cur))
-        cur.execute(f"UPDATE {s}.counters SET n = n - 1 WHERE id = 1")
-        cur.execute("SELECT pg_notify(%s, %s)", notify)
+        _run(cur, "SELECT pg_notify(%s, %s)", notify)
     return job
 
 
@@ -500,9 +581,10 @@ def retry(conn: Any, s: str, job_id: str, now: float, notify: tuple[str, str]) -
 def promote(conn: Any, s: str, now: float, batch: int = 1000) -> tuple[int, float | None]:
     """Make due scheduled jobs ready; ``(how many, the next run_at still waiting)``."""
     total = 0
-    with conn.cursor() as cur:
+    with _cur(conn) as cur:
         while True:
-            cur.execute(
+            _run(
+                cur,
                 f"UPDATE {s}.jobs SET state = 'ready' WHERE id IN (SELECT id FROM {s}.jobs"
                 f" WHERE state = 'scheduled' AND run_at <= %s ORDER BY run_at LIMIT {int(batch)}"
                 " FOR UPDATE SKIP LOCKED)",
@@ -511,39 +593,50 @@ def promote(conn: Any, s: str, now: float, batch: int = 1000) -> tuple[int, floa
             total += cur.rowcount
             if cur.rowcount < batch:
                 break
-        cur.execute(f"SELECT min(run_at) FROM {s}.jobs WHERE state = 'scheduled'")
+        _run(cur, f"SELECT min(run_at) FROM {s}.jobs WHERE state = 'scheduled'")
         nxt = _row(cur)[0]
     return total, nxt
 
 
 def rescue(conn: Any, s: str, now: float) -> int:
-    """Put the running jobs of every node whose lease lapsed back to ready (uncounted); forget those nodes."""
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(f"SELECT id FROM {s}.nodes WHERE expires_at < %s ORDER BY id FOR UPDATE SKIP LOCKED", (now,))
+    """Put the running jobs of every node whose lease lapsed (or whose row is gone) back to ready,
+    uncounted; forget those nodes. Rows another transaction holds (a late completion) are left to it."""
+    with conn.transaction(), _cur(conn) as cur:
+        _run(cur, f"SELECT id FROM {s}.nodes WHERE expires_at < %s ORDER BY id FOR UPDATE SKIP LOCKED", (now,))
         lapsed = [row[0] for row in cur.fetchall()]
-        if not lapsed:
-            return 0
-        cur.execute(
-            f"UPDATE {s}.jobs SET state = 'ready', node = NULL WHERE state = 'running' AND node = ANY(%s)", (lapsed,)
+        _run(
+            cur,
+            f"UPDATE {s}.jobs SET state = 'ready', node = NULL WHERE id IN (SELECT j.id FROM {s}.jobs j"
+            f"  WHERE j.state = 'running' AND (j.node = ANY(%s)"
+            f"   OR NOT EXISTS (SELECT 1 FROM {s}.nodes n WHERE n.id = j.node))"
+            "  ORDER BY j.id FOR UPDATE SKIP LOCKED)",
+            (lapsed,),
         )
         rescued = int(cur.rowcount)
-        cur.execute(f"DELETE FROM {s}.nodes WHERE id = ANY(%s)", (lapsed,))
+        if lapsed:
+            _run(cur, f"DELETE FROM {s}.nodes WHERE id = ANY(%s)", (lapsed,))
     return rescued
 
 
 def release_node(conn: Any, s: str, node: str) -> int:
     """Put ``node``'s running jobs back to ready (its session ends) and forget the node."""
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(f"UPDATE {s}.jobs SET state = 'ready', node = NULL WHERE state = 'running' AND node = %s", (node,))
+    with conn.transaction(), _cur(conn) as cur:
+        _run(
+            cur,
+            f"UPDATE {s}.jobs SET state = 'ready', node = NULL WHERE id IN (SELECT id FROM {s}.jobs"
+            "  WHERE state = 'running' AND node = %s ORDER BY id FOR UPDATE)",
+            (node,),
+        )
         released = int(cur.rowcount)
-        cur.execute(f"DELETE FROM {s}.nodes WHERE id = %s", (node,))
+        _run(cur, f"DELETE FROM {s}.nodes WHERE id = %s", (node,))
     return released
 
 
 def lead(conn: Any, s: str, node: str, now: float, ttl: float) -> bool:
     """Take or keep the leader's row for ``ttl`` seconds if it is free, lapsed or ``node``'s; whether ``node`` leads."""
-    with conn.cursor() as cur:
-        cur.execute(
+    with _cur(conn) as cur:
+        _run(
+            cur,
             f"INSERT INTO {s}.leader (name, node, expires_at) VALUES ('leader', %s, %s) ON CONFLICT (name) DO UPDATE"
             f" SET node = excluded.node, expires_at = excluded.expires_at"
             f" WHERE {s}.leader.node = excluded.node OR {s}.leader.expires_at < %s RETURNING node",
@@ -554,17 +647,16 @@ def lead(conn: Any, s: str, node: str, now: float, ttl: float) -> bool:
 
 def resign(conn: Any, s: str, node: str) -> None:
     """Give up the leader's row if ``node`` holds it (a clean shutdown: another node takes over at once)."""
-    with conn.cursor() as cur:
-        cur.execute(f"DELETE FROM {s}.leader WHERE node = %s", (node,))
+    with _cur(conn) as cur:
+        _run(cur, f"DELETE FROM {s}.leader WHERE node = %s", (node,))
 
 
 # ------------------------------------------------------------- views
 
 
 def get(conn: Any, s: str, job_id: str) -> Job:
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))
-        row = cur.fetchone()
+    with _cur(conn) as cur:
+        row = _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,)).fetchone()
     if row is None:
         raise _not_found(job_id)
     return job_from_row(row)
@@ -572,8 +664,9 @@ def get(conn: Any, s: str, job_id: str) -> Job:
 
 def watched_terminal(conn: Any, s: str, ids: Sequence[str]) -> list[Job]:
     """Snapshots of those of ``ids`` that are terminal now."""
-    with conn.cursor() as cur:
-        cur.execute(
+    with _cur(conn) as cur:
+        _run(
+            cur,
             f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = ANY(%s) AND state IN ('succeeded', 'dead', 'cancelled')",
             (list(ids),),
         )
@@ -581,15 +674,28 @@ def watched_terminal(conn: Any, s: str, ids: Sequence[str]) -> list[Job]:
 
 
 def counts(conn: Any, s: str) -> dict[str, int]:
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT state, count(*) FROM {s}.jobs GROUP BY state")
-        found = dict(cur.fetchall())
+    """Jobs per state: one scan of the table (the partial indexes do not cover the terminal states)."""
+    with _cur(conn) as cur:
+        found = dict(_run(cur, f"SELECT state, count(*) FROM {s}.jobs GROUP BY state").fetchall())
     return {name: int(found.get(name, 0)) for name in sorted(_STATE_NAMES)}
 
 
+def has_pending(conn: Any, s: str) -> bool:
+    """Whether any job is ready, scheduled or running: three index probes, whatever the table holds."""
+    with _cur(conn) as cur:
+        _run(
+            cur,
+            f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'ready')"
+            f" OR EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'scheduled')"
+            f" OR EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'running')",
+        )
+        return bool(_row(cur)[0])
+
+
 def jobs(conn: Any, s: str, states: Collection[JobState], limit: int) -> list[Job]:
-    with conn.cursor() as cur:
-        cur.execute(
+    with _cur(conn) as cur:
+        _run(
+            cur,
             f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = ANY(%s) ORDER BY seq LIMIT {int(limit)}",
             ([JobState(state).value for state in states],),
         )

@@ -50,7 +50,8 @@ NOTIFY_EVERY = 0.002
 OUTAGE = 60.0
 _READY, _SCHEDULED = JobState.READY, JobState.SCHEDULED
 _OUTCOMES = (Succeeded, Failed, Released, Snoozed)
-_MAX_NOTIFY = 7000  # bytes of ids in one notification (PostgreSQL's limit is 8000)
+#: libpq's TCP keepalives: a connection whose peer went silent fails within about 40 s.
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 6}
 
 
 def _psycopg() -> Any:
@@ -64,7 +65,13 @@ def _psycopg() -> Any:
 
 def _usable_id(job_id: object) -> bool:
     """Whether ``job_id`` can name a row (PostgreSQL's text holds no NUL)."""
-    return isinstance(job_id, str) and "\x00" not in job_id
+    if not isinstance(job_id, str) or "\x00" in job_id:
+        return False
+    try:
+        job_id.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 #: SQLSTATE classes of errors worth retrying: the connection (08), the server shutting down or
@@ -77,6 +84,8 @@ def _transient(exc: BaseException) -> bool:
     statement was wrong: a broken connection has no SQLSTATE, or one of :data:`_TRANSIENT_CLASSES`;
     the pool's timeout waiting for a connection counts too."""
     state = getattr(exc, "sqlstate", None)
+    if state == "57014":  # query_canceled (a statement_timeout): the same statement would fail again
+        return False
     return state is None or state[:2] in _TRANSIENT_CLASSES
 
 
@@ -147,7 +156,6 @@ class PostgresStore:
         self._due = math.inf
         self._last_notify = -math.inf
         self._pending_ready = 0
-        self._pending_finished: list[str] = []
         self._notify_wanted: trio.Event | None = None
         self._fetch: trio.MemorySendChannel[list[str] | None] | None = None
 
@@ -162,27 +170,33 @@ class PostgresStore:
             raise RuntimeError("this PostgresStore is not open; use it through trioq.open_queue")
         return config
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(self, fn: Callable[..., T], *args: Any, retried: bool = False) -> T:
         """Run ``fn(conn, schema, *args)`` in a worker thread on a pooled connection (see :meth:`_run`).
 
-        Not a cancel point: once the statement is sent, its outcome is waited for.
+        ``retried``: ``fn`` takes a ``retried`` keyword, true on a try after a
+        broken connection (see ``_transitions``). Not a cancel point: once the
+        statement is sent, its outcome is waited for.
         """
-        return await trio.to_thread.run_sync(self._run, fn, args, limiter=self._limiter)
+        return await trio.to_thread.run_sync(self._run, fn, args, retried, limiter=self._limiter)
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], aware: bool = False) -> T:
         """``fn(conn, schema, *args)``, retried while the database cannot be reached, for up to :data:`OUTAGE`.
 
         Errors that say the connection broke, the server is shutting down, or
-        the transaction lost a deadlock are retried (a transition that
-        committed before its connection broke is then refused, or found,
-        by its retry); any other error is raised at once.
+        the transaction lost a deadlock are retried (with ``aware``, ``fn``
+        is told, so that a transition that committed before its connection
+        broke answers as it would have); any other error is raised at once.
         """
         psycopg = _psycopg()
         give_up = time.monotonic() + OUTAGE
         backoff = 0.02
+        tries = 0
         while True:
+            tries += 1
             try:
                 with self._pool.connection() as conn:
+                    if aware:
+                        return fn(conn, self.schema, *args, retried=tries > 1)
                     return fn(conn, self.schema, *args)
             except psycopg.OperationalError as exc:
                 if not _transient(exc) or time.monotonic() > give_up:
@@ -192,8 +206,9 @@ class PostgresStore:
                 backoff = min(backoff * 2, 1.0)
 
     def _connect(self) -> Any:
+        """The listener's connection; TCP keepalives notice a peer gone silent (a dropped NAT entry)."""
         psycopg = _psycopg()
-        return psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        return psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None, **_KEEPALIVES)
 
     # ------------------------------------------------------------ session
 
@@ -211,7 +226,7 @@ class PostgresStore:
             self.dsn,
             min_size=1,
             max_size=self.max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": None},
+            kwargs={"autocommit": True, "prepare_threshold": None, **_KEEPALIVES},
             open=False,
             name=f"trioq-{self.schema}",
         )
@@ -352,10 +367,10 @@ class PostgresStore:
 
     # ------------------------------------------------------------- hints
 
-    def _announce(self, ready: int = 0, finished: Sequence[str] = ()) -> None:
-        """Tell other nodes, soon (coalesced: at most one NOTIFY per :data:`NOTIFY_EVERY`)."""
+    def _announce(self, ready: int) -> None:
+        """Tell other nodes that ``ready`` jobs may be claimable, soon (coalesced: at most one NOTIFY per
+        :data:`NOTIFY_EVERY`). Finished jobs and cancels are announced inside their transitions."""
         self._pending_ready += ready
-        self._pending_finished.extend(finished)
         if self._notify_wanted is not None:
             self._notify_wanted.set()
 
@@ -383,10 +398,6 @@ class PostgresStore:
         if self._pending_ready:
             payloads.append(f"r|{node}|{self._pending_ready}")
             self._pending_ready = 0
-        if self._pending_finished:
-            text = ",".join(self._pending_finished)
-            payloads.append(f"f|{node}|{text if len(text) <= _MAX_NOTIFY else '*'}")
-            self._pending_finished = []
         if payloads:
             self._last_notify = time.monotonic()
             await self._call(_notify, self.channel, payloads)
@@ -404,7 +415,7 @@ class PostgresStore:
         now = config.clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         notify = self._inline_notify(ready)
-        found = await self._call(sql.add, rows, now, max_pending, notify)
+        found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
         added = self._added(rows, found, now, announce=True)
         if notify is None and ready:
             self._announce(sum(1 for job, was in zip(added, found, strict=True) if was is None and job.state is _READY))
@@ -509,8 +520,8 @@ class PostgresStore:
         for o in outcomes:
             if not isinstance(o, _OUTCOMES):
                 raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
-        states, finished, snapshots, scheduled = await self._call(
-            _complete, usable, now, config.watched, config.max_retained
+        states, snapshots, scheduled = await self._call(
+            _complete, usable, now, self.channel, config.node, config.watched, retried=True
         )
         answers = iter(states)
         out = [next(answers) if _usable_id(o.job_id) and _usable_epoch(o.epoch) else None for o in outcomes]
@@ -519,9 +530,8 @@ class PostgresStore:
             self._scheduled(run_at)
         if ready:
             config.on_ready(ready)
+            self._announce(ready)
         self._local_finished(snapshots)
-        if ready or finished:
-            self._announce(ready, finished)
         return out
 
     async def rescue(self) -> int:
@@ -548,15 +558,11 @@ class PostgresStore:
         if not _usable_id(job_id):
             await trio.lowlevel.checkpoint()
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
-        result, running, _ = await self._call(
-            _cancel, job_id, config.clock(), self.channel, config.node, config.max_retained
-        )
+        result, running = await self._call(sql.cancel, job_id, config.clock(), self.channel, config.node, retried=True)
         if running is not None:
             config.on_cancel(job_id, running)
-        if result.changed:
-            if job_id in config.watched:
-                config.on_finished(result.job)
-            self._announce(finished=[job_id])
+        if result.changed and job_id in config.watched:
+            config.on_finished(result.job)
         return result
 
     async def retry(self, job_id: str) -> Job:
@@ -564,7 +570,7 @@ class PostgresStore:
         if not _usable_id(job_id):
             await trio.lowlevel.checkpoint()
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
-        job = await self._call(sql.retry, job_id, config.clock(), (self.channel, f"r|{config.node}|1"))
+        job = await self._call(sql.retry, job_id, config.clock(), (self.channel, f"r|{config.node}|1"), retried=True)
         config.on_ready(1)
         return job
 
@@ -586,12 +592,16 @@ class PostgresStore:
 
     async def evict(self) -> int:
         config = self._open()
-        evicted = await self._call(sql.evict, config.clock() - config.retention, config.max_retained)
-        return len(evicted)
+        return await self._call(sql.evict, config.clock() - config.retention, config.max_retained)
 
     async def counts(self) -> dict[str, int]:
         self._open()
         return await self._call(sql.counts)
+
+    async def has_pending(self) -> bool:
+        """Whether any job is ready, scheduled or running (what ``join()`` asks; cheaper than :meth:`counts`)."""
+        self._open()
+        return await self._call(sql.has_pending)
 
     async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
         self._open()
@@ -609,22 +619,19 @@ def _notify(conn: Any, schema: str, channel: str, payloads: list[str]) -> None:
 
 
 def _complete(
-    conn: Any, schema: str, outcomes: Sequence[Outcome], now: float, watched: Any, max_retained: int
-) -> tuple[list[JobState | None], list[str], list[Job], list[float]]:
-    """``complete`` in one worker thread: the outcomes, the snapshots of watched jobs that finished (read before
-    the ``max_retained`` bound can drop them), the bound applied; and the run times of jobs scheduled again."""
-    states, finished, retained, scheduled = sql.complete(conn, schema, outcomes, now)
+    conn: Any,
+    schema: str,
+    outcomes: Sequence[Outcome],
+    now: float,
+    channel: str,
+    node: str,
+    watched: Any,
+    *,
+    retried: bool = False,
+) -> tuple[list[JobState | None], list[Job], list[float]]:
+    """``complete`` in one worker thread: the outcomes applied, then the snapshots of the watched jobs that
+    finished (read at once: only the leader's eviction may drop them); and the run times of jobs scheduled."""
+    states, finished, scheduled = sql.complete(conn, schema, outcomes, now, channel, node, retried=retried)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
-    if retained > max_retained:
-        sql.trim(conn, schema, retained - max_retained)
-    return states, finished, snapshots, scheduled
-
-
-def _cancel(
-    conn: Any, schema: str, job_id: str, now: float, channel: str, node: str, max_retained: int
-) -> tuple[CancelResult, int | None, int]:
-    result, running, retained = sql.cancel(conn, schema, job_id, now, channel, node)
-    if retained > max_retained:
-        sql.trim(conn, schema, retained - max_retained)
-    return result, running, retained
+    return states, snapshots, scheduled
