@@ -170,3 +170,53 @@ async def test_poll_interval_must_be_a_positive_number(interval: object) -> None
     with pytest.raises(ValueError, match="poll_interval"):
         async with trioq.open_queue(_registry(), poll_interval=interval):  # type: ignore[arg-type]
             pass
+
+
+class _SlowReplyStore(MemoryStore):
+    """A MemoryStore whose claims take 0.5 s to come back after they are made, as over a slow network;
+    it keeps its config, so a test can deliver a cancel hint as another node's would arrive."""
+
+    batch_outcomes = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed = trio.Event()
+        self.config: StoreConfig | None = None
+
+    @asynccontextmanager
+    async def session(self, config: StoreConfig) -> AsyncIterator[None]:
+        self.config = config
+        async with super().session(attrs.evolve(config, on_cancel=lambda job_id, epoch: None)):
+            yield
+
+    async def claim(self, request: ClaimRequest) -> list[trioq.Job]:
+        jobs = await super().claim(request)
+        if jobs:
+            self.claimed.set()
+            await trio.sleep(0.5)
+        return jobs
+
+
+async def test_a_cancel_heard_while_the_claim_is_in_flight_stops_the_job_before_it_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Another node cancels a job our claim took before the claim's reply arrives: it never runs."""
+    registry = trioq.Registry()
+    started: list[str] = []
+
+    @registry.task
+    async def slow(ctx: trioq.JobContext) -> None:
+        started.append(ctx.job.id)
+        await trio.sleep(100)
+
+    store = _SlowReplyStore()
+    async with trioq.open_queue(registry, store=store, workers=1) as queue:
+        job = await queue.enqueue("slow")
+        await store.claimed.wait()
+        running = await store.get(job.id)
+        await store.cancel(job.id)  # the hint below is what another node's cancel sends
+        assert store.config is not None
+        store.config.on_cancel(job.id, running.epoch)
+        await trio.sleep(1.0)
+        assert started == []
+        assert (await queue.get(job.id)).state is JobState.CANCELLED

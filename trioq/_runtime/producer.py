@@ -46,6 +46,9 @@ class Producer:
         self._claiming = False
         self._parked = 0  # workers parked in the lot (its len() is a Python call: this is the hot path)
         self._hinted = 0  # hints heard while a claim was in flight
+        # Cancels heard while a claim was in flight that matched nothing yet: the claim may be
+        # bringing those very jobs (another node cancelled them before our claim's reply came).
+        self._cancelled_in_flight: set[tuple[str, int]] = set()
         self.stopping = False
 
     def wake(self, n: int) -> None:
@@ -78,6 +81,8 @@ class Producer:
                         self._claiming = False
                         if self._hinted:
                             self._wake_hinted()
+                    if self._cancelled_in_flight:
+                        jobs = self._not_cancelled(jobs)
                     if len(jobs) == 1 and not self.stopping:
                         if self._parked:
                             # Workers parked while this claim was in flight:
@@ -108,7 +113,15 @@ class Producer:
             self._claiming = False
             if self._hinted:
                 self._wake_hinted()
+        if self._cancelled_in_flight:
+            jobs = self._not_cancelled(jobs)
         return await self._settle_claim(jobs)
+
+    def _not_cancelled(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` (a claim just back) without those cancelled while it was in flight (their outcome
+        would be refused: they are cancelled already)."""
+        cancelled, self._cancelled_in_flight = self._cancelled_in_flight, set()
+        return [job for job in jobs if (job.id, job.epoch) not in cancelled]
 
     def _wake_hinted(self) -> None:
         n, self._hinted = self._hinted, 0
@@ -142,11 +155,18 @@ class Producer:
         return list(self._claimed)
 
     def drop(self, job_id: str, epoch: int) -> bool:
-        """Forget the waiting claim of ``job_id`` under ``epoch`` (the job was cancelled); whether one was."""
+        """Forget the waiting claim of ``job_id`` under ``epoch`` (the job was cancelled); whether one was.
+
+        With a claim in flight, the cancel is kept for it (it may be bringing
+        that job) and counts as dropped.
+        """
         for job in self._claimed:
             if job.id == job_id and job.epoch == epoch:
                 self._claimed.remove(job)
                 return True
+        if self._claiming:
+            self._cancelled_in_flight.add((job_id, epoch))
+            return True
         return False
 
     async def poll(self) -> None:
