@@ -56,6 +56,24 @@ class AddCases(CaseBase):
         assert await store.get(scheduled.id) == scheduled
         assert await store.counts() == zero_counts(ready=1, scheduled=1)
 
+    async def test_a_large_batch_keeps_every_job_as_it_was_given(self, store: Store, harness: Harness) -> None:
+        """A batch of 1,000 (a store may insert it another way than a small one: PostgreSQL's COPY) keeps
+        each job's payload, priority, delay and order, and they run in that order."""
+        payloads = [{"n": i, "text": f"é{i}\x00" if i % 7 == 0 else "x", "f": i / 3} for i in range(1000)]
+        added = await store.add(
+            [harness.job(payload=p, priority=i % 3, delay=5.0 if i % 10 == 0 else 0.0) for i, p in enumerate(payloads)]
+        )
+        assert [job.payload for job in added] == payloads
+        for i, job in enumerate(added):
+            again = await store.get(job.id) if i % 97 == 0 else job
+            assert again.payload == payloads[i]
+            assert again.priority == i % 3
+            assert again.state is (JobState.SCHEDULED if i % 10 == 0 else JobState.READY)
+        claimed = await store.claim(harness.request(1000))
+        ready = sorted((job for job in added if job.state is JobState.READY), key=lambda job: -job.priority)
+        assert [job.id for job in claimed] == [job.id for job in ready]
+        assert [job.payload for job in claimed] == [job.payload for job in ready]
+
     async def test_add_without_delay_is_ready_and_a_bad_delay_is_refused(self, store: Store, harness: Harness) -> None:
         """A job with no delay is ready at once; a delay that is negative, infinite or NaN is refused
         (``InvalidJob`` naming ``delay``) before anything changes."""

@@ -33,6 +33,7 @@ from .._base import (
 )
 from ..table.store import _checked
 from . import _transitions as sql
+from ._gather import Gatherer
 from ._listener import listen
 from ._rows import encode_payload
 from ._schema import SCHEMA_VERSION, check_schema_name, current_version, migrate
@@ -40,6 +41,8 @@ from ._schema import SCHEMA_VERSION, check_schema_name, current_version, migrate
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
+#: A job on its way in: its id, the checked job, its payload as JSON.
+_Row = tuple[str, NewJob, str]
 _log = logging.getLogger("trioq.postgres")
 
 #: Seconds the leader's row is held without renewal (at most half the store's lease); renewed every third of it.
@@ -50,6 +53,11 @@ NOTIFY_EVERY = 0.002
 OUTAGE = 60.0
 _READY, _SCHEDULED = JobState.READY, JobState.SCHEDULED
 _OUTCOMES = (Succeeded, Failed, Released, Snoozed)
+#: No bitmap scans on trioq's own connections. Before the table's first ANALYZE (a new schema, a
+#: sudden backlog) the planner takes the ready index for a few rows and answers a claim with a
+#: bitmap scan and a sort of every ready job: 25 ms per claim at 20,000, against 2.6 ms in index
+#: order. Every statement trioq runs is an index lookup, a range in index order, or a full scan.
+_PLANNER = "-c enable_bitmapscan=off"
 #: libpq's TCP keepalives: a connection whose peer went silent fails within about 40 s.
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 6}
 
@@ -143,7 +151,7 @@ class PostgresStore:
         #: The NOTIFY channel of this schema's hints.
         self.channel = f"trioq_{self.schema}"
         _psycopg()
-        self._ids = IdMaker()
+        self._ids = IdMaker(width=10)
         self._config: StoreConfig | None = None
         self._pool: Any = None
         self._limiter = trio.CapacityLimiter(max_connections)
@@ -158,6 +166,7 @@ class PostgresStore:
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
         self._fetch: trio.MemorySendChannel[list[str] | None] | None = None
+        self._gatherer: Gatherer[_Row, tuple[Job | None, float]] | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self.schema!r}, lease={self.lease!r})"
@@ -226,7 +235,7 @@ class PostgresStore:
             self.dsn,
             min_size=1,
             max_size=self.max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": None, **_KEEPALIVES},
+            kwargs={"autocommit": True, "prepare_threshold": None, "options": _PLANNER, **_KEEPALIVES},
             open=False,
             name=f"trioq-{self.schema}",
         )
@@ -245,6 +254,8 @@ class PostgresStore:
                 nursery.start_soon(self._notifier)
                 nursery.start_soon(self._lead)
                 nursery.start_soon(self._fetch_finished, receive)
+                self._gatherer = Gatherer(self._add_gathered)
+                nursery.start_soon(self._gatherer.run)
                 try:
                     yield
                 finally:
@@ -265,6 +276,7 @@ class PostgresStore:
             self._config = None
             self._pool = None
             self._fetch = None
+            self._gatherer = None
             self._leading = False
             self._lease_until = -math.inf
             with trio.CancelScope(shield=True):
@@ -410,8 +422,19 @@ class PostgresStore:
     # ------------------------------------------------------ the protocol
 
     async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
-        config = self._open()
+        self._open()
         rows = self._rows(jobs)
+        if not rows:
+            await trio.lowlevel.checkpoint()
+            return []
+        if max_pending is None and self._gatherer is not None:
+            # Sent with the other adds waiting meanwhile, in one statement.
+            answers = await self._gatherer.call(rows)  # a call's rows go in one statement: one now
+            return self._added(rows, [found for found, _ in answers], answers[0][1], announce=True)
+        return await self._add_now(rows, max_pending)
+
+    async def _add_now(self, rows: list[_Row], max_pending: int | None) -> list[Job]:
+        config = self._open()
         now = config.clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         notify = self._inline_notify(ready)
@@ -420,6 +443,19 @@ class PostgresStore:
         if notify is None and ready:
             self._announce(sum(1 for job, was in zip(added, found, strict=True) if was is None and job.state is _READY))
         return added
+
+    async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float]]:
+        """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, with one ``now``."""
+        config = self._open()
+        now = config.clock()
+        ready = sum(1 for _, job, _ in rows if job.delay <= 0)
+        notify = self._inline_notify(ready)
+        found = await self._call(sql.add, rows, now, None, notify, retried=True)
+        if notify is None and ready:
+            self._announce(
+                sum(1 for was, (_, job, _) in zip(found, rows, strict=True) if was is None and job.delay <= 0)
+            )
+        return [(was, now) for was in found]
 
     def add_tx(self, conn: Any, jobs: Sequence[NewJob], now: float) -> list[Job]:
         """:meth:`add` inside the caller's transaction on the psycopg connection ``conn`` (sync).
@@ -436,7 +472,7 @@ class PostgresStore:
         found = sql.add(conn, self.schema, rows, now, None, notify)
         return self._added(rows, found, now, announce=False)
 
-    def _rows(self, jobs: Sequence[NewJob]) -> list[tuple[str, NewJob, str]]:
+    def _rows(self, jobs: Sequence[NewJob]) -> list[_Row]:
         rows = []
         for i, job in enumerate(jobs):
             where = "" if len(jobs) == 1 else f"jobs[{i}]."
@@ -444,9 +480,7 @@ class PostgresStore:
             rows.append((self._ids(), checked, encode_payload(checked.payload, f"{where}payload")))
         return rows
 
-    def _added(
-        self, rows: list[tuple[str, NewJob, str]], found: list[Job | None], now: float, *, announce: bool
-    ) -> list[Job]:
+    def _added(self, rows: list[_Row], found: list[Job | None], now: float, *, announce: bool) -> list[Job]:
         config = self._config
         out: list[Job] = []
         ready = 0
