@@ -190,9 +190,7 @@ def test_sigterm_stops_claiming_finishes_running_jobs_and_exits_zero(
     api = start("serve")
     leaving, staying = start("worker"), start("worker")
     ids = _enqueue(api.url, 30, 0.5)
-    _until(
-        lambda: any(line["pid"] == leaving.pid for line in read_journal(journal)), 10, "the leaving worker running"
-    )
+    _until(lambda: any(line["pid"] == leaving.pid for line in read_journal(journal)), 10, "the leaving worker running")
     leaving.process.send_signal(signal.SIGTERM)
     assert leaving.process.wait(timeout=3 + 5) == 0
     lines = read_journal(journal)

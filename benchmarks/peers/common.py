@@ -115,6 +115,8 @@ def report(args: argparse.Namespace, enqueue_s: float = 0.0, drain_s: float = 0.
         line.update(jobs_per_s=round(rate, 1), efficiency=round(rate / (args.concurrency / SLEEP), 4))
     else:
         line.update(_latency_figures(TRACKER.latencies))
+    if getattr(args, "open_s", None) is not None:
+        line["open_s"] = args.open_s  # seconds spent opening the draining queue (an adapter that times it)
     print(json.dumps(line), flush=True)
 
 

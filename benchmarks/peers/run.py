@@ -4,6 +4,7 @@ Run from the repository root, after ``bash benchmarks/peers/setup.sh``::
 
     python benchmarks/peers/run.py                      # 3 rounds, about 15 minutes
     python benchmarks/peers/run.py --rounds 1 --libs trioq,saq --markdown /tmp/peers.md
+    python benchmarks/peers/run.py --libs trioq,procrastinate --variants postgres,wal-always
 
 Each measurement is one process (``adapters/lib_<name>.py``, see ``common.py``
 for the workloads), run with the library's own interpreter: trioq's with this
@@ -40,6 +41,12 @@ ENTRIES: list[tuple[str, str, str]] = [
     ("trioq", "memory", "embedded, MemoryStore"),
     ("trioq", "wal-never", "embedded, WALStore fsync=never"),
     ("trioq", "wal-always", "embedded, WALStore fsync=always (durable enqueue)"),
+    (
+        "trioq",
+        "postgres",
+        "PostgreSQL; PostgresStore defaults, one node (producer and workers in one process; a local enqueue "
+        "wakes the workers without NOTIFY); drain timed from before open_queue",
+    ),
     ("arq", "default", "Redis; defaults (poll_delay 0.5 s)"),
     ("arq", "tuned", "Redis; poll_delay 0.005 s"),
     ("saq", "default", "Redis; defaults"),
@@ -152,8 +159,33 @@ def summarize(samples: dict[tuple[str, str], dict[str, list[float]]]) -> dict[tu
     return out
 
 
+def select(entries: list[tuple[str, str, str]], libs: str | None, variants: str | None) -> list[tuple[str, str, str]]:
+    """The entries of ``--libs`` and ``--variants``.
+
+    ``--variants`` is comma-separated: ``NAME`` picks that variant of every library
+    that has one so named, ``LIB:NAME`` that of one library; a library none of whose
+    variants is named keeps them all (``--variants postgres,wal-always`` picks two of
+    trioq's and leaves Procrastinate's ``default``).
+    """
+    wanted = set(libs.split(",")) if libs else None
+    chosen = [e for e in entries if wanted is None or e[0] in wanted]
+    if not variants:
+        return chosen
+    names = {v.strip() for v in variants.split(",") if v.strip()}
+    known = {variant for _, variant, _ in entries} | {f"{lib}:{variant}" for lib, variant, _ in entries}
+    if unknown := names - known:
+        sys.exit(f"unknown variant(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+
+    def named(lib: str, variant: str) -> bool:
+        return variant in names or f"{lib}:{variant}" in names
+
+    narrowed = {lib for lib, variant, _ in chosen if named(lib, variant)}
+    return [e for e in chosen if e[0] not in narrowed or named(e[0], e[1])]
+
+
 def targets(summary: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets: WAL-always drain >= 8x best peer, p50 >= 5x lower, sleep efficiency above all."""
+    """The issue's targets: WAL-always drain >= 8x best peer, p50 >= 5x lower, sleep efficiency above all;
+    PostgresStore's drain >= 40x Procrastinate's and its p50 lower than Procrastinate's."""
 
     def med(entry: tuple[str, str], name: str) -> float | None:
         figure = summary.get(entry, {}).get(name)
@@ -169,12 +201,13 @@ def targets(summary: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
     peer_p50 = [v for p in peers if (v := med(p, "p50_ms")) is not None]
     if peer_p50:
         best_p50 = min(peer_p50)
-        for variant in ("memory", "wal-never", "wal-always"):
+        for variant in ("memory", "wal-never", "wal-always", "postgres"):
             ours = med(("trioq", variant), "p50_ms")
             if ours:
                 line[f"p50_{variant}_times_lower_than_best_peer"] = round(best_p50 / ours, 1)
         ours = med(("trioq", "wal-always"), "p50_ms")
-        line["latency_target_met"] = bool(ours) and best_p50 / ours >= 5.0
+        if ours is not None:
+            line["latency_target_met"] = bool(ours) and best_p50 / ours >= 5.0
     for key in ("sleep16_efficiency", "sleep64_efficiency"):
         best_peer = max((v for p in peers if (v := med(p, key)) is not None), default=None)
         ours = [v for variant in ("memory", "wal-never", "wal-always") if (v := med(("trioq", variant), key))]
@@ -182,6 +215,17 @@ def targets(summary: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
             line[f"{key}_best_peer"] = best_peer
             line[f"{key}_trioq_min"] = min(ours)
             line[f"{key}_target_met"] = min(ours) > best_peer
+    # PostgresStore against the other queue on PostgreSQL.
+    pg, proc = ("trioq", "postgres"), ("procrastinate", "default")
+    pg_drain, proc_drain = med(pg, "drain_per_s"), med(proc, "drain_per_s")
+    if pg_drain is not None and proc_drain:
+        line["postgres_drain_vs_procrastinate"] = round(pg_drain / proc_drain, 2)
+        line["postgres_drain_target_met"] = pg_drain / proc_drain >= 40.0
+    pg_p50, proc_p50 = med(pg, "p50_ms"), med(proc, "p50_ms")
+    if pg_p50 is not None and proc_p50 is not None:
+        line["postgres_p50_ms"], line["procrastinate_p50_ms"] = pg_p50, proc_p50
+        line["postgres_p50_times_lower_than_procrastinate"] = round(proc_p50 / pg_p50, 2) if pg_p50 else None
+        line["postgres_latency_target_met"] = pg_p50 < proc_p50
     return line
 
 
@@ -214,11 +258,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--libs", help="comma-separated subset, e.g. trioq,saq")
+    parser.add_argument(
+        "--variants",
+        help="comma-separated variants (NAME or LIB:NAME), e.g. postgres,wal-always; "
+        "a library with none named keeps all of its own",
+    )
     parser.add_argument("--quick", action="store_true", help="a tenth of the jobs: checks the harness only")
     parser.add_argument("--markdown", type=Path, help="also write the markdown table here")
     args = parser.parse_args()
-    wanted = set(args.libs.split(",")) if args.libs else None
-    entries = [e for e in ENTRIES if wanted is None or e[0] in wanted]
+    entries = select(ENTRIES, args.libs, args.variants)
+    if not entries:
+        sys.exit("no library or variant selected")
     env = load_env()
     emit(env_line(env, args.quick))
     samples: dict[tuple[str, str], dict[str, list[float]]] = {(lib, variant): {} for lib, variant, _ in entries}

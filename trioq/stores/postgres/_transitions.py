@@ -521,11 +521,13 @@ def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000
     would each drop the same excess.
     """
     evicted = 0
+    retained: int | None = None
     while True:
         with conn.transaction(), _cur(conn) as cur:
             _run(cur, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"trioq-evict:{s}",))
-            _run(cur, f"SELECT count(*) FROM {s}.jobs WHERE finish_seq IS NOT NULL")
-            retained = _one(cur)
+            if retained is None:  # once per call: each batch takes its own off (a retry meanwhile: one more)
+                _run(cur, f"SELECT count(*) FROM {s}.jobs WHERE finish_seq IS NOT NULL")
+                retained = _one(cur)
             _run(cur, f"SELECT id, finished_at FROM {s}.jobs WHERE finish_seq IS NOT NULL ORDER BY finish_seq"
                       f" LIMIT {int(batch)} FOR UPDATE SKIP LOCKED")  # fmt: skip
             oldest = cur.fetchall()
@@ -537,6 +539,7 @@ def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000
             if gone:
                 _run(cur, f"DELETE FROM {s}.jobs WHERE id = ANY(%s)", (gone,))
         evicted += len(gone)
+        retained -= len(gone)
         if len(gone) < len(oldest) or len(oldest) < batch:
             return evicted
 
@@ -712,13 +715,18 @@ def counts(conn: Any, s: str) -> dict[str, int]:
 
 
 def has_pending(conn: Any, s: str) -> bool:
-    """Whether any job is ready, scheduled or running: three index probes, whatever the table holds."""
+    """Whether any job is ready, scheduled or running: three index probes, whatever the table holds.
+
+    Each probe is a scalar subquery ordered as its partial index is (an ``EXISTS`` would drop the
+    order), so that the planner walks the index even when it believes most rows qualify: a
+    sequential scan reads every row a drain left behind before the first ready one.
+    """
     with _cur(conn) as cur:
         _run(
             cur,
-            f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'ready')"
-            f" OR EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'scheduled')"
-            f" OR EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'running')",
+            f"SELECT (SELECT 1 FROM {s}.jobs WHERE state = 'ready' ORDER BY priority DESC, run_at, seq LIMIT 1)"
+            f" IS NOT NULL OR (SELECT 1 FROM {s}.jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1) IS NOT NULL"
+            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'running' ORDER BY node LIMIT 1) IS NOT NULL",
         )
         return bool(_row(cur)[0])
 

@@ -49,6 +49,8 @@ _log = logging.getLogger("trioq.postgres")
 LEADER_TTL = 10.0
 #: At most one NOTIFY of each kind per this many seconds per store (the rest are coalesced).
 NOTIFY_EVERY = 0.002
+#: How long opening a session waits for the database's first connection.
+OPEN_TIMEOUT = 15.0
 #: How long a call keeps retrying while the database cannot be reached (a restart, a failover).
 OUTAGE = 60.0
 _READY, _SCHEDULED = JobState.READY, JobState.SCHEDULED
@@ -240,7 +242,7 @@ class PostgresStore:
             name=f"trioq-{self.schema}",
         )
         try:
-            await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=OUTAGE))
+            await trio.to_thread.run_sync(self._open_pool, pool)
             self._pool = pool
             await self._call(self._prepare_schema)
             self._leading = await self._call(sql.lead, config.node, config.clock(), self.leader_ttl)
@@ -281,6 +283,19 @@ class PostgresStore:
             self._lease_until = -math.inf
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(pool.close)
+
+    def _open_pool(self, pool: Any) -> None:
+        """Open ``pool``, waiting up to :data:`OPEN_TIMEOUT` for its first connection; past it, raise the
+        error a plain connect gives (refused, unknown database, bad password), not the pool's timeout."""
+        from psycopg_pool import PoolTimeout
+
+        try:
+            pool.open(wait=True, timeout=OPEN_TIMEOUT)
+        except PoolTimeout:
+            pool.close()
+            with self._connect():  # raises the reason
+                pass
+            raise
 
     def _prepare_schema(self, conn: Any, schema: str) -> None:
         if self.migrate:
