@@ -65,3 +65,20 @@ def test_complete_cancel_and_retry_recognise_their_first_try(conn: psycopg.Conne
     assert sql.retry(conn, S, "c", NOW + 5, ("ch", "r|n|1"), retried=True).state is JobState.READY
     with pytest.raises(Exception, match="only dead or cancelled"):
         sql.retry(conn, S, "c", NOW + 6, ("ch", "r|n|1"), retried=True)
+
+
+def test_a_batch_past_max_batch_is_applied_in_order_in_bounded_statements(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    """1,200 outcomes in one call go in statements of at most ``MAX_BATCH``: all applied, finish order kept."""
+    ids = [f"j{i:05d}" for i in range(1200)]
+    sql.add(conn, S, _rows(*ids), NOW, None, None)
+    claimed = {job.id: job for job in sql.claim(conn, S, "n", 1200, NOW + 30, "1", False)}
+    order = list(reversed(ids))  # not id order: the finish order must follow the outcomes
+    outcomes = [Succeeded(job_id, claimed[job_id].epoch, None) for job_id in order]
+    states, finished, _ = sql.complete(conn, S, outcomes, NOW + 1, "ch", "n")
+    assert states == [JobState.SUCCEEDED] * 1200
+    assert finished == order
+    rows = conn.execute(f"SELECT id FROM {S}.jobs ORDER BY finish_seq").fetchall()
+    assert [row[0] for row in rows] == order
+    assert sql.MAX_BATCH < 1200

@@ -65,6 +65,8 @@ __all__ = [
 
 _TERMINAL = ("succeeded", "dead", "cancelled")
 _STATE_NAMES = tuple(state.value for state in JobState)
+#: Outcomes applied per statement (a larger batch is split, in order).
+MAX_BATCH = 500
 #: Batches of at least this many jobs, none with a key, are inserted with COPY (faster than INSERT
 #: past a few hundred rows; it cannot skip a conflicting key).
 _COPY_FROM = 200
@@ -327,6 +329,16 @@ def complete(
     table would, and writes the rows back. Both announce the jobs they
     finished to every node (``f|node|ids``) as they commit.
     """
+    if len(outcomes) > MAX_BATCH:  # bounded statements: one slow batch must not grow the next
+        states: list[JobState | None] = []
+        finished: list[str] = []
+        scheduled: list[float] = []
+        for start in range(0, len(outcomes), MAX_BATCH):
+            part = complete(conn, s, outcomes[start : start + MAX_BATCH], now, channel, node, retried=retried)
+            states += part[0]
+            finished += part[1]
+            scheduled += part[2]
+        return states, finished, scheduled
     ids = [o.job_id for o in outcomes]
     if not retried and all(type(o) is Succeeded for o in outcomes) and len(set(ids)) == len(ids):
         fast = _succeed_all(conn, s, outcomes, now, channel, node)  # type: ignore[arg-type]
@@ -354,14 +366,16 @@ def _succeed_all(
             cur,
             "WITH u AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) WITH ORDINALITY"
             "   AS u(id, epoch, result, ord)),"
-            f" lk AS (SELECT j.id FROM {s}.jobs j JOIN u ON j.id = u.id AND j.epoch = u.epoch"
+            # Lock the attempts' rows, in id order; what this finds is what the update changes (a
+            # semi-join of the batch against this CTE had no index: quadratic in the batch).
+            f" lk AS (SELECT j.id, u.result, u.ord FROM {s}.jobs j JOIN u ON j.id = u.id AND j.epoch = u.epoch"
             "   WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j),"
-            f" s AS (SELECT o.id, o.epoch, o.result, o.ord, nextval('{s}.finish_seq') AS fseq"
-            "   FROM (SELECT * FROM u WHERE u.id IN (SELECT id FROM lk) ORDER BY ord) o),"
+            f" s AS (SELECT o.id, o.result, o.ord, nextval('{s}.finish_seq') AS fseq"
+            "   FROM (SELECT * FROM lk ORDER BY ord) o),"
             f" done AS (UPDATE {s}.jobs j SET state = 'succeeded', attempts = j.attempts + 1,"
             "   result = s.result::json, error = NULL, finished_at = %s, finish_seq = s.fseq, node = NULL,"
             "   changed_at = %s"
-            "   FROM s WHERE j.id = s.id AND j.epoch = s.epoch AND j.state = 'running' RETURNING s.ord, j.id)"
+            "   FROM s WHERE j.id = s.id RETURNING s.ord, j.id)"
             f" SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done')}",
             ([o.job_id for o in outcomes], [o.epoch for o in outcomes], results, now, now, channel, f"f|{node}|"),
         )
