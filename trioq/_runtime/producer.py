@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import math
+import random
 
 import trio
 
@@ -25,6 +26,10 @@ from .._model import Job
 from ..stores._base import ClaimRequest, Released, Store
 
 __all__ = ["Producer"]
+
+
+#: The poll's own generator: drawing from the global one would shift a host program's seeded sequence.
+_jitter = random.Random()
 
 
 class Producer:
@@ -178,7 +183,9 @@ class Producer:
         if self._poll_interval == math.inf:
             return
         while True:
-            await trio.sleep(self._poll_interval)
+            # Jittered within the last tenth of the interval: nodes of a shared store that started
+            # together do not all poll it in the same instant, and none waits past the interval.
+            await trio.sleep(self._poll_interval * (0.9 + 0.1 * _jitter.random()))
             if self._parked and not self._claimed:
                 self.wake(1)
 
