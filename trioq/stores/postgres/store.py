@@ -167,7 +167,7 @@ class PostgresStore:
         self._last_notify = -math.inf
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
-        self._fetch: trio.MemorySendChannel[list[str] | None] | None = None
+        self._fetch: trio.MemorySendChannel[list[str]] | None = None
         self._gatherer: Gatherer[_Row, tuple[Job | None, float]] | None = None
 
     def __repr__(self) -> str:
@@ -248,7 +248,7 @@ class PostgresStore:
             self._leading = await self._call(sql.lead, config.node, config.clock(), self.leader_ttl)
             await self.evict()  # the session's bounds hold from the start
             stop = threading.Event()
-            send, receive = trio.open_memory_channel[list[str] | None](math.inf)
+            send, receive = trio.open_memory_channel[list[str]](math.inf)
             self._fetch = send
             self._notify_wanted = trio.Event()
             async with trio.open_nursery() as nursery:
@@ -374,7 +374,7 @@ class PostgresStore:
         if self._fetch is not None:
             self._fetch.send_nowait(self._watched_of("*"))
 
-    async def _fetch_finished(self, receive: trio.MemoryReceiveChannel[list[str] | None]) -> None:
+    async def _fetch_finished(self, receive: trio.MemoryReceiveChannel[list[str]]) -> None:
         """Hand the terminal snapshots of watched jobs another node finished to ``on_finished``."""
         async for ids in receive:
             if not ids:
@@ -445,31 +445,29 @@ class PostgresStore:
         if max_pending is None and self._gatherer is not None:
             # Sent with the other adds waiting meanwhile, in one statement.
             answers = await self._gatherer.call(rows)  # a call's rows go in one statement: one now
-            return self._added(rows, [found for found, _ in answers], answers[0][1], announce=True)
-        return await self._add_now(rows, max_pending)
+            found, now = [was for was, _ in answers], answers[0][1]
+        else:
+            found, now = await self._insert(rows, max_pending)
+        return self._added(rows, found, now, announce=True)
 
-    async def _add_now(self, rows: list[_Row], max_pending: int | None) -> list[Job]:
-        config = self._open()
-        now = config.clock()
+    async def _insert(self, rows: list[_Row], max_pending: int | None) -> tuple[list[Job | None], float]:
+        """Insert ``rows`` in one statement at the store's now: what :func:`sql.add` found, and that now.
+
+        Other nodes hear of the ready jobs inside the statement, or from the
+        notifier soon after when a NOTIFY went out within :data:`NOTIFY_EVERY`.
+        """
+        now = self._open().clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         notify = self._inline_notify(ready)
         found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
-        added = self._added(rows, found, now, announce=True)
         if notify is None and ready:
-            self._announce(sum(1 for job, was in zip(added, found, strict=True) if was is None and job.state is _READY))
-        return added
+            inserted = (was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True))
+            self._announce(sum(inserted))
+        return found, now
 
     async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float]]:
-        """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, with one ``now``."""
-        config = self._open()
-        now = config.clock()
-        ready = sum(1 for _, job, _ in rows if job.delay <= 0)
-        notify = self._inline_notify(ready)
-        found = await self._call(sql.add, rows, now, None, notify, retried=True)
-        if notify is None and ready:
-            self._announce(
-                sum(1 for was, (_, job, _) in zip(found, rows, strict=True) if was is None and job.delay <= 0)
-            )
+        """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``."""
+        found, now = await self._insert(rows, None)
         return [(was, now) for was in found]
 
     def add_tx(self, conn: Any, jobs: Sequence[NewJob], now: float) -> list[Job]:
@@ -565,15 +563,18 @@ class PostgresStore:
             await trio.lowlevel.checkpoint()
             return []
         now = config.clock()
-        usable = [o for o in outcomes if _usable_id(o.job_id) and _usable_epoch(o.epoch)]
+        # One pass: which outcomes can name a row (the others are stale by construction).
+        named: list[bool] = []
         for o in outcomes:
             if not isinstance(o, _OUTCOMES):
                 raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
+            named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
+        usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
         states, snapshots, scheduled = await self._call(
             _complete, usable, now, self.channel, config.node, config.watched, retried=True
         )
         answers = iter(states)
-        out = [next(answers) if _usable_id(o.job_id) and _usable_epoch(o.epoch) else None for o in outcomes]
+        out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY)
         for run_at in scheduled:
             self._scheduled(run_at)
