@@ -170,3 +170,15 @@ def test_bad_arguments_are_refused_clearly() -> None:
         trioq.PostgresStore("postgresql://x", lease=math.inf)
     with pytest.raises(TypeError, match="dsn"):
         trioq.PostgresStore(None)  # type: ignore[arg-type]
+
+
+def test_trioq_pg_migrate_creates_the_schema_once_and_says_so(pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from trioq._app.cli import main
+
+    assert main(["pg", "migrate", pg_dsn, "--schema", "ahead"]) == 0
+    assert main(["pg", "migrate", pg_dsn, "--schema", "ahead"]) == 0
+    assert main(["pg", "migrate", pg_dsn, "--schema", "Not-A-Name"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "schema ahead: migrated from version 0 to 1"
+    assert out[1] == "schema ahead: at version 1 already"
+    assert "schema must be" in out[2]

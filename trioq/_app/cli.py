@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(worker, args)
         return 0
     if args.command == "pg":
-        from .worker import migrate_command
+        from .pgcli import migrate_command
 
         return migrate_command(args.dsn, args.schema)
     if args.command == "demo":

@@ -95,6 +95,7 @@ class Queue:
         self._poll_interval = poll_interval
         self._offset = time.time() - trio.current_time()
         self._totals = Totals()
+        lease = _lease(store)
         self._pool = WorkerPool(
             registry=registry,
             store=store,
@@ -104,11 +105,11 @@ class Queue:
             totals=self._totals,
             on_outcome=self._outcome,
             node=self.node,
-            lease=_lease(store),
+            lease=lease,
             poll_interval=poll_interval,
         )
         self._maintenance = Maintenance(
-            store, offset=self._offset, retention=retention, poll_interval=poll_interval, lease=_lease(store)
+            store, offset=self._offset, retention=retention, poll_interval=poll_interval, lease=lease
         )
         # The jobs wait() calls are waiting for; the store hands each its
         # terminal snapshot as it finishes (StoreConfig.watched, on_finished).
