@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 
 from .pg_app import read_journal
 from .pgcluster import Cluster, ExternalCluster
+from .processes import read_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,23 +51,11 @@ class Node:
         self._wait_for_banner(timeout=20)
 
     def _wait_for_banner(self, timeout: float) -> None:
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        os.set_blocking(fd, False)
-        deadline = time.monotonic() + timeout
-        buffer = b""
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while (left := deadline - time.monotonic()) > 0:
-                if selector.select(left):
-                    chunk = os.read(fd, 4096)
-                    if not chunk:
-                        break
-                    buffer += chunk
-                    if match := _BANNER.search(buffer.decode(errors="replace")):
-                        self.url = match.group(2) or ""
-                        self.node = match.group(3) or ""
-                        return
+        match, buffer = read_until(self.process, _BANNER, timeout)
+        if match is not None:
+            self.url = match.group(2) or ""
+            self.node = match.group(3) or ""
+            return
         self.kill()
         pytest.fail(f"node did not start; stdout {buffer!r}; stderr {self.log.read_text(errors='replace')!r}")
 

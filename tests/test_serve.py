@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import subprocess
@@ -36,6 +35,7 @@ from trioq._app.serve import AUTH_OFF, AUTH_ON, hypercorn_config, serve
 from trioq.http import create_app
 
 from .apps import make_registry
+from .processes import read_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,22 +58,10 @@ class Server:
         self.url = self._wait_for_url(timeout=15)
 
     def _wait_for_url(self, timeout: float) -> str:
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        os.set_blocking(fd, False)
-        deadline = time.monotonic() + timeout
-        buffer = b""
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while (left := deadline - time.monotonic()) > 0:
-                if selector.select(left):
-                    chunk = os.read(fd, 4096)
-                    if not chunk:
-                        break
-                    buffer += chunk
-                    if match := SERVING.search(buffer.decode(errors="replace")):
-                        self.banner = match.group(0).strip()
-                        return match.group(1)
+        match, buffer = read_until(self.process, SERVING, timeout)
+        if match is not None:
+            self.banner = match.group(0).strip()
+            return match.group(1)
         self.kill()
         pytest.fail(f"server did not start; stdout {buffer!r}; stderr {self.stderr_text()!r}")
 
