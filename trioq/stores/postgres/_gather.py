@@ -21,6 +21,7 @@ __all__ = ["Gatherer"]
 R = TypeVar("R")
 A = TypeVar("A")
 
+_STOPPED = "the store is closed (or its adder failed) before this enqueue was sent; nothing was added"
 #: At most this many rows go in one statement (the rest wait for the next).
 MAX_ROWS = 5000
 
@@ -47,9 +48,16 @@ class Gatherer(Generic[R, A]):
         self._send = send
         self._pending: list[_Call[R, A]] = []
         self._wanted = trio.Event()
+        self._stopped = False
 
     async def call(self, rows: Sequence[R]) -> list[A]:
-        """``send``'s answers for ``rows``, sent with whatever else is waiting."""
+        """``send``'s answers for ``rows``, sent with whatever else is waiting.
+
+        Raises ``RuntimeError`` (nothing added) once :meth:`run` has stopped.
+        """
+        if self._stopped:
+            await trio.lowlevel.checkpoint()
+            raise RuntimeError(_STOPPED)
         call: _Call[R, A] = _Call(rows)
         self._pending.append(call)
         self._wanted.set()
@@ -67,7 +75,8 @@ class Gatherer(Generic[R, A]):
         return call.answer
 
     async def run(self) -> None:
-        """Send gathered calls until cancelled (then fail those still waiting, saying why)."""
+        """Send gathered calls until cancelled while none waits (the sends are shielded: calls waiting
+        when the cancel comes are sent first); later calls raise ``RuntimeError``."""
         try:
             while True:
                 await self._wanted.wait()
@@ -75,8 +84,9 @@ class Gatherer(Generic[R, A]):
                 while self._pending:
                     await self._send_some()
         finally:
-            for call in self._pending:
-                call.error = RuntimeError("the store closed before this enqueue was sent; nothing was added")
+            self._stopped = True
+            for call in self._pending:  # only if a send raised: nothing of theirs was sent
+                call.error = RuntimeError(_STOPPED)
                 call.done.set()
             self._pending = []
 
