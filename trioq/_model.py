@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 import attrs
@@ -17,6 +18,7 @@ __all__ = [
     "FailedAttempt",
     "InvalidJob",
     "Job",
+    "Limit",
     "JobNotFound",
     "JobSpec",
     "JobState",
@@ -172,6 +174,62 @@ class Backoff:
         return delay if 0.0 <= delay <= MAX_DELAY else (0.0 if delay < 0.0 else MAX_DELAY)
 
 
+#: How early (seconds) a rate's token may be taken: float rounding, never a real allowance.
+RATE_SLACK = 1e-6
+
+
+@attrs.frozen
+class Limit:
+    """What one limit key allows: at most ``max`` attempts holding it at once, and (with ``rate``)
+    at most ``burst + rate * w / per`` attempts starting under it in any window of ``w`` seconds.
+
+    The rate is a GCRA (a token bucket in one number per key, its theoretical
+    arrival time ``tat``): one start every ``per / rate`` seconds, ``burst``
+    (default 1) of them at once after an idle spell. ``None`` for ``max`` or
+    ``rate`` means no bound of that kind. Checked by ``Registry.limit``.
+    """
+
+    key: str
+    max: int | None = None
+    rate: float | None = None
+    per: float = 1.0
+    burst: int | None = None
+
+    @property
+    def interval(self) -> float:
+        """Seconds between starts at the steady rate (``inf`` without a rate)."""
+        return math.inf if self.rate is None else self.per / self.rate
+
+    @property
+    def tolerance(self) -> float:
+        """How far ahead of now the bucket may run: ``(burst - 1)`` intervals (0 without a rate)."""
+        if self.rate is None:
+            return 0.0
+        return ((1 if self.burst is None else self.burst) - 1) * self.interval
+
+    def admit(self, tat: float, now: float) -> float | None:
+        """The key's next ``tat`` if an attempt may start at ``now`` (its token taken), else ``None``.
+
+        ``tat`` is the key's current theoretical arrival time (``-inf`` for a
+        key never used). Without a rate every start is admitted. A start up to
+        :data:`RATE_SLACK` early is admitted: wall-clock times near 1.7e9 s
+        carry only ~0.2 µs of precision, and a token due "now" must not be
+        refused for a rounding error.
+        """
+        if self.rate is None:
+            return tat
+        at = tat if tat > now else now
+        if at - now > self.tolerance + RATE_SLACK:
+            return None
+        return at + self.interval
+
+    def due(self, tat: float, now: float) -> float:
+        """The earliest time :meth:`admit` admits a start, given ``tat`` (``now`` or later)."""
+        if self.rate is None:
+            return now
+        return max(now, tat - self.tolerance)
+
+
 @attrs.frozen
 class JobSpec:
     """A job to enqueue with :meth:`Queue.enqueue_many`; fields as in :meth:`Queue.enqueue`."""
@@ -182,6 +240,10 @@ class JobSpec:
     priority: int | None = None
     key: str | None = None
     max_attempts: int | None = None
+    queue: str | None = None
+    tenant: str | None = None
+    deadline: float | None = None
+    limits: Sequence[str] = ()
 
 
 @attrs.frozen
@@ -194,7 +256,12 @@ class Job:
     ``epoch`` grows with every claim; only the holder of the current epoch can
     complete a running job. ``error`` is the last error as ``"Type: message"``;
     ``errors`` holds the last :data:`MAX_ERRORS_KEPT` failed attempts, oldest
-    first (:class:`FailedAttempt`), kept across retries.
+    first (:class:`FailedAttempt`), kept across retries. ``queue`` is the
+    named queue it waits in (``"default"`` unless its task or its enqueue
+    named another); ``tenant`` whom it runs for (``None``: nobody named);
+    ``deadline`` the wall-clock time by which it must have started, else it
+    is cancelled (``None``: no deadline); ``limits`` the limit keys it holds
+    while it runs (its task's, filled from its payload, and its enqueue's).
     """
 
     id: str
@@ -212,12 +279,17 @@ class Job:
     result: Any
     error: str | None
     errors: tuple[FailedAttempt, ...] = ()
+    queue: str = "default"
+    tenant: str | None = None
+    deadline: float | None = None
+    limits: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The job as a JSON-ready dict (``state`` as its string value)."""
         data = attrs.asdict(self, recurse=False)
         data["state"] = self.state.value
         data["errors"] = [attrs.asdict(e) for e in self.errors]
+        data["limits"] = list(self.limits)
         return data
 
 
@@ -233,6 +305,10 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 MAX_VALUE_BYTES = 1 << 28
 #: The longest task name or idempotency key, in UTF-8 bytes.
 MAX_NAME_BYTES = 4096
+#: The longest queue or tenant name, in UTF-8 bytes (they key statistics, URLs and indexes).
+MAX_LABEL_BYTES = 255
+#: The queue a job waits in when neither its task nor its enqueue names one.
+DEFAULT_QUEUE = "default"
 #: How deep a payload or result may nest (dicts and lists), like serde_json's default: every
 #: store, and every step that decodes one again (a checkpoint, a worker's claim), then stays
 #: far from the recursion limit, wherever on the stack it runs.
@@ -265,6 +341,31 @@ def name_problem(value: str) -> str | None:
     if size > MAX_NAME_BYTES:
         return f"it is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}"
     return None
+
+
+def label_problem(value: object) -> str | None:
+    """Why ``value`` cannot name a queue or a tenant, or ``None`` if it can: a non-empty string the
+    stores hold (:func:`name_problem`) of at most :data:`MAX_LABEL_BYTES` bytes of UTF-8."""
+    if not isinstance(value, str):
+        return f"it must be a string, got {type(value).__name__}"
+    if not value:
+        return "it is empty"
+    problem = name_problem(value)
+    if problem is not None:
+        return problem
+    size = len(value.encode())
+    if size > MAX_LABEL_BYTES:
+        return f"it is {size} bytes of UTF-8; the limit is {MAX_LABEL_BYTES}"
+    return None
+
+
+#: How the error of a job cancelled for its deadline begins (its type, as in ``"Type: message"``).
+DEADLINE_ERROR_PREFIX = "DeadlineExpired:"
+
+
+def deadline_error(created_at: float, deadline: float) -> str:
+    """The error of a job cancelled because it had not started by its ``deadline`` (every store's text)."""
+    return f"{DEADLINE_ERROR_PREFIX} not started within {deadline - created_at:.6g} s of its enqueue (its deadline)"
 
 
 def storable_text(text: str) -> str:

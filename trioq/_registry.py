@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
 import trio
 
 from . import _validate as validate
-from ._model import Backoff, InvalidJob, UnknownTask, name_problem
+from ._model import DEFAULT_QUEUE, Backoff, InvalidJob, Limit, UnknownTask, name_problem
+from .policies.limits import LimitBook, check_templates
 
 __all__ = ["Registry", "TaskDef", "TaskKind"]
 
@@ -33,6 +34,10 @@ class TaskDef:
     priority: int = 0
     #: Exception types that fail a job for good (dead at once, no retry).
     no_retry: tuple[type[BaseException], ...] = ()
+    #: The named queue its jobs wait in unless their enqueue names another.
+    queue: str = DEFAULT_QUEUE
+    #: Templates of the limit keys its jobs hold (``"user:{user_id}"``), filled at enqueue.
+    limits: tuple[str, ...] = ()
     # From the handler's signature, for checking payloads at enqueue time.
     params: frozenset[str] = frozenset()
     required: frozenset[str] = frozenset()
@@ -107,6 +112,31 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, TaskDef] = {}
+        #: The limits declared with :meth:`limit`.
+        self.limits = LimitBook()
+
+    def limit(
+        self,
+        key: str,
+        *,
+        max: int | None = None,
+        rate: float | None = None,
+        per: float = 1.0,
+        burst: int | None = None,
+    ) -> Limit:
+        """Declare a limit on the jobs holding ``key`` (a key ending in ``*`` is a pattern: each key it
+        matches has a limit of its own, so ``limit("user:*", max=1)`` is a mutex per user).
+
+        ``max``: at most that many attempts hold the key at once. ``rate`` per
+        ``per`` seconds, with ``burst`` (default 1) at once: in any window of
+        ``w`` seconds at most ``burst + rate * w / per`` attempts start under
+        it. A job is claimed only when every key it holds allows it; jobs
+        blocked by a limit are passed over, not waited for. On a shared store
+        the limit holds across every node, so every node must declare the
+        same limits. Raises ``ValueError`` (``TypeError`` for a non-int
+        ``max``) for a bad or duplicate declaration.
+        """
+        return self.limits.declare(key, max=max, rate=rate, per=per, burst=burst)
 
     @overload
     def task(self, fn: F, /) -> F: ...
@@ -125,6 +155,8 @@ class Registry:
         heartbeat_timeout: float | None = None,
         priority: int = 0,
         no_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
+        queue: str = DEFAULT_QUEUE,
+        limits: Sequence[str] = (),
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -140,13 +172,20 @@ class Registry:
         heartbeat_timeout: float | None = None,
         priority: int = 0,
         no_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
+        queue: str = DEFAULT_QUEUE,
+        limits: Sequence[str] = (),
     ) -> F | Callable[[F], F]:
         """Register a handler; the job name defaults to the function's ``__name__``.
 
         ``no_retry``: exception types (one, or a tuple) after which the job is
         not tried again: an attempt whose handler raises one (or a subclass,
         or a group holding only such) goes ``dead`` at once, as with
-        ``raise trioq.NoRetry(...)``; the attempt counts. Raises
+        ``raise trioq.NoRetry(...)``; the attempt counts. ``queue``: the
+        named queue its jobs wait in (``"default"``); an enqueue may name
+        another. ``limits``: templates of the limit keys its jobs hold while
+        they run, filled from the payload and the tenant at enqueue
+        (``["gateway", "user:{user_id}"]``); each key must match a limit
+        declared with :meth:`limit` by then. Raises
         ``ValueError`` for a duplicate name or a bad option, and
         ``TypeError`` when the function does not fit its ``kind`` or
         ``no_retry`` holds something that is not an exception type.
@@ -163,6 +202,8 @@ class Registry:
                 heartbeat_timeout=heartbeat_timeout,
                 priority=priority,
                 no_retry=no_retry,
+                queue=queue,
+                limits=limits,
             )
             return func
 
@@ -182,6 +223,8 @@ class Registry:
         heartbeat_timeout: float | None = None,
         priority: int = 0,
         no_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
+        queue: str = DEFAULT_QUEUE,
+        limits: Sequence[str] = (),
     ) -> TaskDef:
         """Register ``fn`` (the non-decorator form of :meth:`task`); returns its definition."""
         task_name = fn.__name__ if name is None else name
@@ -207,6 +250,8 @@ class Registry:
         validate.optional_number("heartbeat_timeout", heartbeat_timeout, above=True, infinite=True, error=ValueError)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"backoff must be a trioq.Backoff, got {backoff!r}")
+        queue = validate.label("queue", queue, error=ValueError)
+        templates = check_templates(limits)
         no_retry_types = validate.exception_types("no_retry", no_retry)
         for t in no_retry_types:
             if issubclass(t, BaseExceptionGroup | trio.Cancelled):
@@ -223,6 +268,8 @@ class Registry:
             heartbeat_timeout=heartbeat_timeout,
             priority=priority,
             no_retry=no_retry_types,
+            queue=queue,
+            limits=templates,
             params=params,
             required=required,
             takes_any=takes_any,
@@ -231,10 +278,14 @@ class Registry:
         return definition
 
     def include(self, other: Registry) -> None:
-        """Add every task of ``other``; a name registered in both raises ``ValueError``."""
+        """Add every task and limit of ``other``; a name or key in both raises ``ValueError`` (nothing added)."""
         clash = self._tasks.keys() & other._tasks.keys()
         if clash:
             raise ValueError(f"task name(s) {sorted(clash)} are registered in both registries")
+        twice = {limit.key for limit in self.limits} & {limit.key for limit in other.limits}
+        if twice:
+            raise ValueError(f"limit(s) {sorted(twice)} are declared in both registries")
+        self.limits.include(other.limits)
         self._tasks.update(other._tasks)
 
     def __getitem__(self, name: str) -> TaskDef:

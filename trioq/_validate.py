@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._model import INT_MAX, INT_MIN, InvalidJob, is_storable_int
+from ._model import INT_MAX, INT_MIN, InvalidJob, is_storable_int, label_problem
 
-__all__ = ["exception_types", "flag", "integer", "number", "optional_number", "where"]
+__all__ = ["exception_types", "flag", "integer", "label", "number", "optional_number", "where"]
 
 
 def _shown(value: Any) -> str:
@@ -84,6 +84,16 @@ def integer(name: str, value: Any, *, minimum: int = INT_MIN, error: type[Except
     if not is_storable_int(value, minimum):
         raise _fail(name, f"an integer from {minimum} to {INT_MAX}", value, error)
     return value
+
+
+def label(name: str, value: Any, *, error: type[Exception] = InvalidJob) -> str:
+    """``value`` as a plain ``str`` if it can name a queue or a tenant (a non-empty string of at most
+    255 bytes of UTF-8, no NUL: :func:`~trioq._model.label_problem`); else ``error``."""
+    problem = label_problem(value)
+    if problem is not None:
+        message = f"{name} {_shown(value)} cannot name a queue or tenant: {problem}"
+        raise InvalidJob(message, field=name) if error is InvalidJob else error(message)
+    return str.__str__(value)
 
 
 def flag(name: str, value: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import attrs
 import msgspec
 
-from .._model import Job, JobState
+from .._model import Job, JobState, Limit
 
 __all__ = [
     "CancelResult",
@@ -43,6 +43,13 @@ class NewJob(msgspec.Struct, frozen=True, gc=False):
     A struct the cyclic GC never tracks (it holds no cycle: the payload cannot
     refer back to it), so a batch of 10,000 of them adds nothing for the
     collector to walk; creating one costs a third of a frozen attrs class.
+
+    ``queue`` names the queue it waits in and ``tenant`` whom it runs for
+    (checked by the runtime: :func:`~trioq._model.label_problem`).
+    ``deadline``: seconds from now (the store's clock) by which the job must
+    start, else the store cancels it (``None``: never). ``limits``: the
+    concrete limit keys it holds while it runs (each resolves through
+    ``StoreConfig.limits``).
     """
 
     task: str
@@ -51,6 +58,10 @@ class NewJob(msgspec.Struct, frozen=True, gc=False):
     key: str | None
     max_attempts: int
     delay: float = 0.0
+    queue: str = "default"
+    tenant: str | None = None
+    deadline: float | None = None
+    limits: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -143,7 +154,8 @@ class StoreConfig:
     The hints (any of them may come from another process, late, or not at
     all; the runtime polls as well): ``on_ready(n)``: ``n`` jobs may have
     become claimable. ``on_scheduled(run_at)``: a job was scheduled for
-    ``run_at``, so the runtime's timer can wake in time. ``on_cancel(job_id,
+    ``run_at`` (or has a deadline then), so the runtime's timer can wake in
+    time to call :meth:`Store.promote`. ``on_cancel(job_id,
     epoch)``: the running job ``job_id`` was cancelled, so the attempt under
     ``epoch`` should stop. ``on_finished(job)``: the terminal snapshot of each
     job in ``watched`` (ids someone waits for; the set may change at any
@@ -151,6 +163,9 @@ class StoreConfig:
     so; an in-process store calls it inside the transition, before anything
     (the ``max_retained`` bound) can evict the job. Hints must not call the
     store.
+
+    ``limits(key)``: the :class:`~trioq._model.Limit` a job's limit key has
+    (``None``: none), which claims enforce (the registry's ``LimitBook.resolve``).
     """
 
     clock: Callable[[], float]
@@ -162,6 +177,7 @@ class StoreConfig:
     on_cancel: Callable[[str, int], None] = lambda job_id, epoch: None
     watched: Container[str] = ()
     on_finished: Callable[[Job], None] = lambda job: None
+    limits: Callable[[str], Limit | None] = lambda key: None
 
 
 class IdMaker:
@@ -234,7 +250,9 @@ class Store(Protocol):
 
         Each comes back ``running`` under a new epoch, in the order they
         should run (priority, then ``run_at``, then enqueue order); fewer (or
-        none) when fewer are ready. A claim need not be durable when it
+        none) when fewer are ready. Only jobs of ``request.queues`` (all
+        queues when ``None``) that are not paused are claimed. A ready job
+        found past its deadline is cancelled instead (its error says so). A claim need not be durable when it
         returns: after a crash, recovery puts running jobs back to ready
         anyway, so a lost claim record changes nothing a caller could see.
         """
@@ -293,7 +311,8 @@ class Store(Protocol):
         ...
 
     async def promote(self) -> float | None:
-        """Make due scheduled jobs ready; returns the next ``run_at`` still waiting."""
+        """Make due scheduled jobs ready and cancel never-started jobs past their deadline; returns the
+        next time either is due (the earliest ``run_at`` still waiting or deadline still ahead)."""
         ...
 
     async def evict(self) -> int:
@@ -302,6 +321,19 @@ class Store(Protocol):
 
     async def counts(self) -> dict[str, int]:
         """Jobs per state, keyed by the state's string value."""
+        ...
+
+    async def pause(self, queue: str) -> bool:
+        """Stop claims from the named queue ``queue`` for every node, until :meth:`resume`; durable
+        like a transition. Running attempts are left to finish. Returns whether it was running."""
+        ...
+
+    async def resume(self, queue: str) -> bool:
+        """Let claims take jobs of ``queue`` again (waking the workers); returns whether it was paused."""
+        ...
+
+    async def paused(self) -> list[str]:
+        """The paused queues' names, sorted."""
         ...
 
     async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:

@@ -1,0 +1,195 @@
+"""Limit keys: the registry's limits (``registry.limit``), patterns, and the templates tasks name keys with.
+
+A limit is declared for a key (``"gateway"``) or a pattern (a key ending in
+``*``, such as ``"user:*"``: every concrete key it matches has a limit of its
+own). A task names the keys its jobs hold with templates filled from the
+job's payload and tenant (``"user:{user_id}"``, ``"tenant:{tenant}"``); an
+enqueue may add literal keys. Every key a job holds must match a declared
+limit: a typo is an error at enqueue, not a limit silently missing.
+
+The stores enforce the limits (:class:`~trioq._model.Limit` says what each
+allows); this module only declares, checks and resolves them.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from .. import _validate as validate
+from .._model import INT_MAX, MAX_LABEL_BYTES, InvalidJob, Limit, name_problem
+
+__all__ = ["LimitBook", "check_templates", "fill_keys"]
+
+_FORMATTER = string.Formatter()
+
+
+class LimitBook:
+    """The limits declared for keys and patterns; :meth:`resolve` finds the one a concrete key has.
+
+    An exact key wins over a pattern; among patterns, the longest prefix wins.
+    """
+
+    def __init__(self) -> None:
+        self._exact: dict[str, Limit] = {}
+        self._patterns: list[tuple[str, Limit]] = []  # (prefix, limit), longest prefix first
+
+    def __bool__(self) -> bool:
+        return bool(self._exact) or bool(self._patterns)
+
+    def __iter__(self) -> Iterator[Limit]:
+        """Every declared limit, exact keys first, in declaration order."""
+        yield from self._exact.values()
+        yield from (limit for _, limit in self._patterns)
+
+    def __len__(self) -> int:
+        return len(self._exact) + len(self._patterns)
+
+    def declare(
+        self,
+        key: str,
+        *,
+        max: int | None = None,
+        rate: float | None = None,
+        per: float = 1.0,
+        burst: int | None = None,
+    ) -> Limit:
+        """Declare the limit of ``key`` (see ``Registry.limit``); raises ``ValueError`` or ``TypeError``."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a limit's key must be a non-empty string, got {key!r}")
+        problem = name_problem(key)
+        if problem is None and len(key.encode()) > MAX_LABEL_BYTES:
+            problem = f"it is over {MAX_LABEL_BYTES} bytes of UTF-8"
+        if problem is not None:
+            raise ValueError(f"limit key {key[:60]!r} cannot be stored: {problem}")
+        if "*" in key[:-1]:
+            raise ValueError(f"limit key {key!r}: '*' may only end a pattern (as in 'user:*')")
+        if isinstance(max, bool) or (max is not None and not isinstance(max, int)):
+            raise TypeError(f"limit {key!r}: max must be an int >= 1 or None, got {max!r}")
+        if max is not None:
+            validate.integer(f"limit {key!r}: max", max, minimum=1, error=ValueError)
+        if rate is not None:
+            rate = validate.number(f"limit {key!r}: rate", rate, above=True, error=ValueError)
+        per = validate.number(f"limit {key!r}: per", per, above=True, error=ValueError)
+        if burst is not None:
+            if rate is None:
+                raise ValueError(f"limit {key!r}: burst needs a rate")
+            validate.integer(f"limit {key!r}: burst", burst, minimum=1, error=ValueError)
+            if burst > INT_MAX:
+                raise ValueError(f"limit {key!r}: burst is too large")
+        if max is None and rate is None:
+            raise ValueError(f"limit {key!r} bounds nothing: give max=, rate=, or both")
+        if key in self._exact or any(limit.key == key for _, limit in self._patterns):
+            raise ValueError(f"a limit for {key!r} is declared already")
+        limit = Limit(key, max, rate, per, burst)
+        if key.endswith("*"):
+            self._patterns.append((key[:-1], limit))
+            self._patterns.sort(key=lambda item: -len(item[0]))
+        else:
+            self._exact[key] = limit
+        return limit
+
+    def resolve(self, key: str) -> Limit | None:
+        """The limit the concrete ``key`` has: its own, else the longest pattern matching it, else ``None``."""
+        found = self._exact.get(key)
+        if found is not None:
+            return found
+        for prefix, limit in self._patterns:
+            if key.startswith(prefix):
+                return limit
+        return None
+
+    def include(self, other: LimitBook) -> None:
+        """Declare every limit of ``other`` here; a key declared in both raises ``ValueError``."""
+        for limit in other:
+            self.declare(limit.key, max=limit.max, rate=limit.rate, per=limit.per, burst=limit.burst)
+
+
+def check_templates(templates: object) -> tuple[str, ...]:
+    """A task's ``limits``: a list or tuple of key templates (``"user:{user_id}"``), checked.
+
+    A field is a payload field's name, or ``tenant`` (the job's tenant); no
+    attribute, index, conversion or format spec. Raises ``ValueError`` or
+    ``TypeError`` naming what is wrong.
+    """
+    if isinstance(templates, str) or not isinstance(templates, Sequence):
+        raise TypeError(f"limits must be a list of key templates, got {templates!r:.60}")
+    checked: list[str] = []
+    for template in templates:
+        if not isinstance(template, str) or not template:
+            raise ValueError(f"a limit key template must be a non-empty string, got {template!r}")
+        try:
+            parts = list(_FORMATTER.parse(template))
+        except ValueError as exc:
+            raise ValueError(f"limit key template {template!r}: {exc}") from None
+        for _, field, spec, conversion in parts:
+            if field is None:
+                continue
+            if not field.isidentifier() or spec or conversion:
+                raise ValueError(
+                    f"limit key template {template!r}: {{{field}}} must name a payload field or tenant, as"
+                    " in 'user:{user_id}' (no attributes, indexes, conversions or format specs)"
+                )
+        checked.append(template)
+    return tuple(checked)
+
+
+def fill_keys(
+    templates: Sequence[str], extra: object, payload: Mapping[str, Any], tenant: str | None, book: LimitBook, where: str
+) -> tuple[str, ...]:
+    """The concrete keys a job holds: its task's ``templates`` filled in, then ``extra`` (an enqueue's).
+
+    Duplicates are dropped (a key is held once). Raises :class:`~trioq.InvalidJob`
+    (``field`` ``"limits"``, prefixed by ``where``) for a field the payload
+    lacks, a value that is not a string or an int, a key no declared limit
+    matches, or ``extra`` that is not a list of strings.
+    """
+    field = f"{where}limits"
+    keys: list[str] = []
+    for template in templates:
+        keys.append(_fill(template, payload, tenant, field))
+    if extra:
+        if isinstance(extra, str) or not isinstance(extra, Sequence):
+            raise InvalidJob(f"{field} must be a list of limit keys, got {extra!r:.60}", field=field)
+        for key in extra:
+            if not isinstance(key, str) or not key:
+                raise InvalidJob(f"{field} must hold non-empty strings, got {key!r:.60}", field=field)
+            keys.append(str.__str__(key))
+    unique = tuple(dict.fromkeys(keys))
+    for key in unique:
+        problem = name_problem(key)
+        if problem is None and len(key.encode()) > MAX_LABEL_BYTES:
+            problem = f"it is over {MAX_LABEL_BYTES} bytes of UTF-8"
+        if problem is not None:
+            raise InvalidJob(f"{field}: limit key {key[:60]!r} cannot be stored: {problem}", field=field)
+        if book.resolve(key) is None:
+            raise InvalidJob(
+                f"{field}: no limit is declared for key {key[:60]!r}; declare it with registry.limit({key[:60]!r},"
+                " max=...) or a pattern such as 'prefix:*'",
+                field=field,
+            )
+    return unique
+
+
+def _fill(template: str, payload: Mapping[str, Any], tenant: str | None, field: str) -> str:
+    pieces: list[str] = []
+    for literal, name, _, _ in _FORMATTER.parse(template):
+        pieces.append(literal)
+        if name is None:
+            continue
+        if name == "tenant":
+            if tenant is None:
+                raise InvalidJob(f"{field}: key template {template!r} needs the job's tenant", field=field)
+            pieces.append(tenant)
+            continue
+        if name not in payload:
+            raise InvalidJob(f"{field}: key template {template!r} needs payload field {name!r}", field=field)
+        value = payload[name]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InvalidJob(
+                f"{field}: key template {template!r} takes a string or an int from {name!r}, got {value!r:.40}",
+                field=field,
+            )
+        pieces.append(str(value))
+    return "".join(pieces)
