@@ -16,6 +16,7 @@ A row whose condition has no scenario, or a scenario no row uses, fails the test
 from __future__ import annotations
 
 import functools
+import heapq
 import inspect
 import re
 from collections.abc import Callable
@@ -46,10 +47,12 @@ CHANGES: dict[str, Change] = {"—": "same", "+1": "+1", "0": "0"}
 #: method must be added here or documented as a transition.
 NOT_TRANSITIONS = frozenset(
     {
-        "by_key", "count", "counts", "entries", "entry", "export", "get", "has_scheduled", "holds",
-        "holds_key", "jobs", "logged", "next_run_at", "pending", "running",
+        "by_key", "count", "counts", "entries", "entry", "export", "get", "needs_clock", "holds",
+        "holds_key", "jobs", "logged", "next_run_at", "next_deadline", "next_due", "pending", "running",
         "peek",  # promotes due jobs (as promote does), then only looks
         "clear", "restore",
+        # A queue's pause is no job's transition: claims skip its jobs, which stay as they are.
+        "pause", "resume", "paused", "is_paused", "ready_in",
     }
 )  # fmt: skip
 
@@ -254,6 +257,16 @@ def _finish_another(how: str) -> Call:
     return call
 
 
+def _give_deadline(deadline: float) -> Callable[[JobTable, Entry], None]:
+    """Give the never-claimed job ``deadline``, as ``add(..., deadline=...)`` does (its heap item too)."""
+
+    def prepare(table: JobTable, entry: Entry) -> None:
+        entry.deadline = deadline
+        heapq.heappush(table._deadlines, (deadline, entry.seq, entry))
+
+    return prepare
+
+
 def _evict_at(after: float) -> Call:
     def call(table: JobTable, entry: Entry) -> object:
         finished = NOW if entry.finished_at is None else entry.finished_at  # not finished: any time will do
@@ -289,6 +302,10 @@ SCENARIOS: dict[tuple[str, str], Scenario] = {
     ("retry", ""): Scenario((lambda table, _: table.retry("j", NOW),)),
     ("evict", "finished `retention` or more ago"): Scenario((_evict_at(0.0), _evict_at(5.0))),
     ("drop", ""): Scenario((lambda table, _: table.drop("j"),)),
+    ("expire", ""): Scenario((lambda table, _: table.expire("j", NOW),), prepare=_give_deadline(NOW)),
+    ("expire_due", "the deadline is at or before `now`"): Scenario(
+        (lambda table, _: table.expire_due(NOW), lambda table, _: table.expire_due(LATER)), prepare=_give_deadline(NOW)
+    ),
     ("_finish", "more than `max_retained` jobs are terminal"): Scenario(
         tuple(_finish_another(how) for how in ("succeed", "fail", "snooze", "cancel")), max_retained=1
     ),
@@ -437,6 +454,13 @@ def _refuse_promote(table: JobTable, entry: Entry) -> None:
     assert table.promote(1e9) == 0
 
 
+def _refuse_expire_due(table: JobTable) -> None:
+    entry = table.entry("j")
+    _give_deadline(NOW)(table, entry)  # a started or finished job's deadline no longer applies
+    assert table.expire_due(1e9) == 0
+    entry.deadline = None  # as it was: the caller compares the job before and after
+
+
 def _refuse_evict(table: JobTable, entry: Entry) -> None:
     assert table.evict(1e9) == []
 
@@ -462,6 +486,8 @@ PROBES: dict[str, Callable[[JobTable, Entry], None]] = {
     "retry": _refuse_by_state_error(lambda table: table.retry("j", NOW)),
     "evict": _refuse_evict,
     "drop": _refuse_by_state_error(lambda table: table.drop("j")),
+    "expire": _refuse_by_state_error(lambda table: table.expire("j", NOW)),
+    "expire_due": lambda table, entry: _refuse_expire_due(table),
     "_finish": _refuse_finish,
 }
 PROBE_MAX_RETAINED: dict[str, int] = {"_finish": 0}

@@ -83,13 +83,17 @@ def check_consistent(table: JobTable) -> None:
     def current(items: Any) -> list[str]:
         return sorted(item[2].id if len(item) == 4 else item[1].id for item in items if item[-2].slot == item[-1])
 
-    assert current(table._ready) == sorted(j.id for j in jobs if j.state is READY)
+    ready_items = [item for ready in table._queues.values() for item in ready]
+    assert current(ready_items) == sorted(j.id for j in jobs if j.state is READY)
+    for name, ready in table._queues.items():  # each job waits in its own queue's
+        assert all(item[2].queue == name for item in ready if item[2].slot == item[3])
     assert current(table._scheduled) == sorted(j.id for j in jobs if j.state is SCHEDULED)
     assert current(table._terminal) == sorted(j.id for j in jobs if j.state.terminal)
     # Stale queue items are compacted away (see _table._current_ready), and
     # the size that decides when is the true count of items.
-    assert table._ready.size == sum(1 for _ in table._ready)
-    assert table._ready.size <= 2 * real["ready"] + CHUNK + 1
+    for ready in table._queues.values():
+        assert ready.size == sum(1 for _ in ready)
+        assert ready.size <= 2 * real["ready"] + CHUNK + 1
     assert len(table._scheduled) <= 2 * real["scheduled"] + CHUNK + 1
     running = {job.id for job in jobs if job.state is RUNNING}
     assert set(table._active) == running
@@ -293,7 +297,8 @@ def test_cancelled_jobs_do_not_pile_up_in_the_queues_and_order_survives(run_at: 
         if i % 997 == 0:
             check_consistent(table)
     check_consistent(table)
-    assert sum(1 for _ in table._ready) + len(table._scheduled) <= 2 * len(kept) + CHUNK + 1
+    ready_items = sum(1 for ready in table._queues.values() for _ in ready)
+    assert ready_items + len(table._scheduled) <= 2 * len(kept) + CHUNK + 1
     order = [table.claim_next(2e9) for _ in kept]
     assert [e.id for e in order if e is not None] == [job_id for _, _, job_id in sorted(kept)]
     assert table.claim_next(2e9) is None

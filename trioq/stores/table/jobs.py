@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ..._model import (
+    DEFAULT_QUEUE,
     INT_MAX,
     INT_MIN,
     MAX_ERRORS_KEPT,
@@ -40,7 +41,9 @@ from ..._model import (
     JobNotFound,
     JobState,
     check_json,
+    deadline_error,
 )
+from .limits import LimitState
 from .ready import CHUNK, Fifo, ReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
@@ -103,6 +106,12 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     errors: tuple[tuple[int, str, str | None, float], ...] = ()
     #: Snoozes since the job was enqueued or last retried (bounded by ``MAX_SNOOZES``).
     snoozes: int = 0
+    queue: str = DEFAULT_QUEUE
+    tenant: str | None = None
+    #: Wall-clock time by which a never-claimed job must start, else it is cancelled (``None``: never).
+    deadline: float | None = None
+    #: The limit keys its attempts hold (see .limits).
+    limits: tuple[str, ...] = ()
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -128,14 +137,22 @@ class Entry(msgspec.Struct, gc=False, eq=False):
             _decode(self.result) if type(self.result) is bytes else self.result,
             self.error,
             tuple(FailedAttempt(*e) for e in self.errors) if self.errors else (),
+            self.queue,
+            self.tenant,
+            self.deadline,
+            self.limits,
         )
 
 
 class JobTable:
     """Every job a store knows, and the rules for moving them between states.
 
-    Ready jobs are ordered by priority (larger first), then ``run_at``, then
-    enqueue order. Terminal jobs are retained until :meth:`evict` finds them
+    Ready jobs wait in their named queue's ready queue, ordered by priority
+    (larger first), then ``run_at``, then enqueue order; a claim of several
+    queues takes the best head among them, and skips paused queues (their
+    jobs stay ready). A never-claimed job whose deadline comes is cancelled
+    by the next sweep (:meth:`expire_due`, which :meth:`promote` and
+    :meth:`claim_next` run first). Terminal jobs are retained until :meth:`evict` finds them
     older than ``retention`` seconds; beyond ``max_retained`` of them the oldest
     finished is dropped at once, inside the transition that finished the
     newest. Idempotency keys live exactly as long as their job.
@@ -150,9 +167,17 @@ class JobTable:
         self.max_retained = max_retained
         self._jobs: dict[str, Entry] = {}
         self._keys: dict[str, str] = {}  # idempotency key -> job id
-        # Items are (run_at, seq, entry, token) in both; see Entry.slot.
-        self._ready = ReadyQueue()
+        # Items are (run_at, seq, entry, token) in both; see Entry.slot. One
+        # ready queue per named queue; claims skip the paused ones.
+        self._queues: dict[str, ReadyQueue] = {}
+        # The one ready queue while there is only one and it is not paused (the common case: claims
+        # then skip choosing among queues); None otherwise. See _choose.
+        self._sole: ReadyQueue | None = None
+        self._paused: set[str] = set()
         self._scheduled: list[tuple[float, int, Entry, int]] = []
+        # (deadline, seq, entry) of never-claimed jobs with a deadline; an item
+        # whose entry has started, finished or lost its deadline since is skipped.
+        self._deadlines: list[tuple[float, int, Entry]] = []
         # Terminal jobs in the order they finished, as (finished_at, entry)
         # items with lazy deletion like the ready queue (a retried or dropped
         # job's item goes stale); _retained counts the current ones. Evicting
@@ -173,6 +198,16 @@ class JobTable:
         #: before the ``max_retained`` bound can drop them (see StoreConfig.watched).
         self.watched: Container[str] = ()
         self.on_finish: Callable[[Job], None] = _ignore
+        #: Called with each entry a sweep (:meth:`promote`, :meth:`claim_next`) cancelled for
+        #: its deadline, right after (a durable store logs it as :meth:`expire`).
+        self.on_expire: Callable[[Entry], None] | None = None
+        #: Limit keys: slots, tokens, and the jobs passed over (see .limits). Its ``limit_of``
+        #: is the store's to set.
+        self.limits = LimitState()
+        #: Called with ``n`` when jobs passed over for a limit are back in the ready queues, and
+        #: with a time when a job passed over for a rate will be due then (the store's hints).
+        self.on_unblocked: Callable[[int], None] | None = None
+        self.on_throttled: Callable[[float], None] | None = None
 
     # ----------------------------------------------------------------- queries
 
@@ -230,9 +265,22 @@ class JobTable:
         return self._counts[_READY] + self._counts[_SCHEDULED]
 
     @property
-    def has_scheduled(self) -> bool:
-        """Whether any job may be scheduled (:meth:`claim_next` then needs the real time)."""
-        return bool(self._scheduled)
+    def needs_clock(self) -> bool:
+        """Whether :meth:`claim_next` needs the real time: a job may be scheduled, have a deadline, or
+        hold a limit key (rates go by the clock)."""
+        return bool(self._scheduled) or bool(self._deadlines) or self.limits.used
+
+    def paused(self) -> list[str]:
+        """The paused queues' names, sorted."""
+        return sorted(self._paused)
+
+    def is_paused(self, queue: str) -> bool:
+        return queue in self._paused
+
+    def ready_in(self, queue: str) -> int:
+        """About how many jobs of ``queue`` are ready (stale items included: a hint's size)."""
+        ready = self._queues.get(queue)
+        return 0 if ready is None else ready.size
 
     def next_run_at(self) -> float | None:
         """The earliest ``run_at`` among scheduled jobs, or ``None`` if there are none."""
@@ -244,16 +292,26 @@ class JobTable:
             heapq.heappop(heap)
         return None
 
-    def peek(self, now: float) -> Entry | None:
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a never-claimed ready or scheduled job, or ``None``."""
+        heap = self._deadlines
+        while heap:
+            deadline, _, entry = heap[0]
+            if _expirable(entry, deadline):
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    def peek(self, now: float, queues: Collection[str] | None = None) -> Entry | None:
         """The job :meth:`claim_next` would claim at ``now``, without claiming it."""
         self.promote(now)
-        ready = self._ready
-        while (item := ready.first()) is not None:
-            entry: Entry = item[2]
-            if entry.slot == item[3]:
-                return entry
-            ready.pop()
-        return None
+        ready = self._best(queues)
+        if ready is None:
+            return None
+        item = ready.first()
+        assert item is not None  # _best found a current head
+        entry: Entry = item[2]
+        return entry
 
     # ------------------------------------------------------------- transitions
 
@@ -267,14 +325,22 @@ class JobTable:
         max_attempts: int,
         run_at: float,
         now: float,
+        queue: str = DEFAULT_QUEUE,
+        tenant: str | None = None,
+        deadline: float | None = None,
+        limits: tuple[str, ...] = (),
     ) -> tuple[Job, bool]:
         """Insert a new job; returns ``(snapshot, created)``.
 
         With a ``key`` already held by a retained job, nothing is inserted and
         that job's snapshot comes back with ``created=False``. The job starts
-        ``scheduled`` if ``run_at > now``, else ``ready``.
+        ``scheduled`` if ``run_at > now``, else ``ready``. ``deadline``: the
+        wall-clock time by which it must start (see :meth:`expire`).
         """
-        existing = self.add_packed(job_id, task, pack_payload(payload), priority, key, max_attempts, run_at, now)
+        existing = self.add_packed(
+            job_id, task, pack_payload(payload), priority, key, max_attempts, run_at, now, queue, tenant, deadline,
+            limits,
+        )  # fmt: skip
         if existing is not None:
             return self.get(existing), False
         return self._jobs[job_id].snapshot(payload), True
@@ -289,6 +355,10 @@ class JobTable:
         max_attempts: int,
         run_at: float,
         now: float,
+        queue: str = DEFAULT_QUEUE,
+        tenant: str | None = None,
+        deadline: float | None = None,
+        limits: tuple[str, ...] = (),
     ) -> str | None:
         """:meth:`add` with the payload already msgpack-encoded, and no snapshot.
 
@@ -305,7 +375,14 @@ class JobTable:
         seq = self._next_seq
         self._next_seq = seq + 1
         state = _SCHEDULED if run_at > now else _READY
-        self._insert(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq)
+        self._insert(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq, queue, tenant)
+        if limits:
+            self._jobs[job_id].limits = limits
+            self.limits.used = True
+        if deadline is not None:
+            entry = self._jobs[job_id]
+            entry.deadline = deadline
+            heapq.heappush(self._deadlines, (deadline, seq, entry))
         return None
 
     def _insert(
@@ -320,45 +397,74 @@ class JobTable:
         run_at: float,
         created_at: float,
         seq: int,
+        queue: str,
+        tenant: str | None,
     ) -> None:
         """File a never-run ready or scheduled job."""
         if payload == _EMPTY_MAP:
             payload = b""
         entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, created_at, seq)
+        if queue != DEFAULT_QUEUE:
+            entry.queue = queue
+        if tenant is not None:
+            entry.tenant = tenant
         self._jobs[job_id] = entry
         self._push(entry)
         if key is not None:
             self._keys[key] = job_id
         self._counts[state] += 1
 
-    def claim_next(self, now: float) -> Entry | None:
-        """Claim the best ready job at ``now`` (promoting due scheduled jobs first).
+    def claim_next(self, now: float, queues: Collection[str] | None = None) -> Entry | None:
+        """Claim the best ready job of ``queues`` (every queue: ``None``) at ``now``, skipping paused queues.
 
-        The same transition as :meth:`claim`, unrolled: this is the hot path.
+        Due scheduled jobs are promoted first, and never-claimed jobs past
+        their deadline cancelled (see :meth:`expire`). The same transition as
+        :meth:`claim`, unrolled: this is the hot path.
         """
         scheduled = self._scheduled
         if scheduled and scheduled[0][0] <= now:
-            self.promote(now)
-        ready = self._ready
-        while (item := ready.pop()) is not None:
-            entry: Entry = item[2]
-            if entry.slot == item[3]:
-                counts = self._counts
-                counts[_READY] -= 1
-                counts[_RUNNING] += 1
-                entry.state = _RUNNING
-                entry.slot += 1
-                entry.epoch += 1
-                self._active[entry.id] = entry
-                return entry
-        return None
+            self.promote(now)  # expires deadlines and lets due rate-parked jobs go too
+        else:
+            if self._deadlines and self._deadlines[0][0] <= now:
+                self.expire_due(now)
+            if self.limits.used:
+                self._unthrottle(now)
+        while True:
+            sole = self._sole
+            if sole is not None and queues is None:
+                ready = sole
+            else:
+                best = self._best(queues)
+                if best is None:
+                    return None
+                ready = best
+            while (item := ready.pop()) is not None:
+                entry: Entry = item[2]
+                if entry.slot == item[3]:
+                    if entry.limits and not self._admit(entry, now):
+                        break  # passed over (parked): choose again, maybe from another queue
+                    counts = self._counts
+                    counts[_READY] -= 1
+                    counts[_RUNNING] += 1
+                    entry.state = _RUNNING
+                    entry.slot += 1
+                    entry.epoch += 1
+                    self._active[entry.id] = entry
+                    if entry.limits:
+                        self.limits.hold(entry, now)
+                    return entry
+            else:
+                return None
 
-    def claim(self, job_id: str) -> Entry:
+    def claim(self, job_id: str, now: float | None = None) -> Entry:
         """Move a ready (or scheduled) job to ``running`` under a new epoch.
 
         Replay calls this with the id a log recorded; live stores reach it via
         :meth:`claim_next`. A scheduled job may be claimed directly because a
         job being due is a matter of the clock, which replay does not consult.
+        Nor are limits: the log says the claim happened. The job's limit keys
+        are held, and with ``now`` (the claim's time, which a log records for
+        a job holding keys) their rate tokens taken.
         """
         entry = self.entry(job_id)
         if entry.state is not _READY and entry.state is not _SCHEDULED:
@@ -369,6 +475,8 @@ class JobTable:
         self._move(entry, _RUNNING)
         entry.slot += 1
         entry.epoch += 1
+        if entry.limits:
+            self.limits.hold(entry, now)
         return entry
 
     def succeed(self, job_id: str, epoch: int, result: Any, now: float) -> Entry | None:
@@ -473,7 +581,7 @@ class JobTable:
         return entry, True, running_epoch
 
     def retry(self, job_id: str, now: float) -> Entry:
-        """Send a dead or cancelled job back to ``ready`` with its attempts reset."""
+        """Send a dead or cancelled job back to ``ready`` with its attempts reset and no deadline."""
         entry = self.entry(job_id)
         if entry.state is not _DEAD and entry.state is not _CANCELLED:
             raise InvalidJob(
@@ -485,6 +593,7 @@ class JobTable:
         entry.snoozes = 0
         entry.finished_at = None
         entry.result = None
+        entry.deadline = None  # asked for by name: it runs, however late
         entry.run_at = now
         self._move(entry, _READY)
         self._push(entry)
@@ -492,7 +601,14 @@ class JobTable:
         return entry
 
     def promote(self, now: float) -> int:
-        """Move scheduled jobs whose ``run_at`` has come to ``ready``; returns how many."""
+        """Move scheduled jobs whose ``run_at`` has come to ``ready``; returns how many.
+
+        Never-claimed jobs whose deadline has come are cancelled first (:meth:`expire_due`).
+        """
+        if self._deadlines and self._deadlines[0][0] <= now:
+            self.expire_due(now)
+        if self.limits.used:
+            self._unthrottle(now)
         heap = self._scheduled
         promoted = 0
         while heap and heap[0][0] <= now:
@@ -504,6 +620,59 @@ class JobTable:
             self._push(found)
             promoted += 1
         return promoted
+
+    def expire_due(self, now: float) -> int:
+        """Cancel every never-claimed ready or scheduled job whose deadline is at or before ``now``
+        (each through :meth:`expire`, then :attr:`on_expire`); returns how many."""
+        heap = self._deadlines
+        expired = 0
+        while heap and heap[0][0] <= now:
+            deadline, _, entry = heapq.heappop(heap)
+            if not _expirable(entry, deadline):
+                continue
+            self.expire(entry.id, now)
+            expired += 1
+            if self.on_expire is not None:
+                self.on_expire(entry)
+        live = self._counts[_READY] + self._counts[_SCHEDULED]
+        if len(heap) > 2 * live + CHUNK:  # claimed and finished jobs leave their items behind
+            self._deadlines = [item for item in heap if _expirable(item[2], item[0])]
+            heapq.heapify(self._deadlines)
+        return expired
+
+    def expire(self, job_id: str, now: float) -> Entry:
+        """Cancel a never-claimed ready or scheduled job for its deadline (its error says so).
+
+        Replay calls this for the record a sweep logged. Raises
+        :class:`~trioq.InvalidJob` for a job that has started, finished, or has no deadline.
+        """
+        entry = self.entry(job_id)
+        deadline = entry.deadline
+        if deadline is None or not _expirable(entry, deadline):
+            raise InvalidJob(
+                f"job {job_id!r} is {entry.state.value} (epoch {entry.epoch}, deadline {deadline!r}); only a "
+                "never-claimed ready or scheduled job with a deadline can expire",
+                field="state",
+            )
+        entry.error = deadline_error(entry.created_at, deadline)
+        self._finish(entry, _CANCELLED, now)
+        return entry
+
+    def pause(self, queue: str) -> bool:
+        """Stop claims from ``queue`` (jobs stay ready); returns whether it was not paused before."""
+        if queue in self._paused:
+            return False
+        self._paused.add(queue)
+        self._choose()
+        return True
+
+    def resume(self, queue: str) -> bool:
+        """Let claims take ``queue``'s jobs again; returns whether it was paused."""
+        if queue not in self._paused:
+            return False
+        self._paused.discard(queue)
+        self._choose()
+        return True
 
     def evict(self, now: float) -> list[str]:
         """Drop terminal jobs older than ``retention`` or beyond ``max_retained``.
@@ -584,8 +753,12 @@ class JobTable:
         """Forget every job (a checkpoint being replayed rebuilds the table)."""
         self._jobs.clear()
         self._keys.clear()
-        self._ready = ReadyQueue()
+        self._queues = {}
+        self._sole = None
+        self.limits.clear()
+        self._paused = set()
         self._scheduled.clear()
+        self._deadlines = []
         self._terminal = Fifo()
         self._retained = 0
         self._stale = 0
@@ -622,11 +795,17 @@ class JobTable:
         error: str | None,
         errors: Sequence[Sequence[Any]] = (),
         snoozes: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        tenant: str | None = None,
+        limits: Sequence[str] = (),
+        after: Sequence[str] = (),
+        deadline: float | None = None,
     ) -> None:
         """Insert a job exactly as a checkpoint recorded it, in any state.
 
         ``errors`` and ``snoozes`` default to none: a checkpoint of log format
-        2 has neither.
+        2 has neither. ``after`` is accepted for the log's sake and not kept
+        yet (nothing writes it).
         """
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
@@ -643,6 +822,14 @@ class JobTable:
         entry.error = error
         entry.errors = tuple((e[0], e[1], e[2], e[3]) for e in errors)
         entry.snoozes = snoozes
+        entry.queue = queue
+        entry.tenant = tenant
+        entry.deadline = deadline
+        if deadline is not None and _expirable(entry, deadline):
+            heapq.heappush(self._deadlines, (deadline, seq, entry))
+        if limits:
+            entry.limits = tuple(limits)
+            self.limits.used = True
         self._jobs[job_id] = entry
         if key is not None:
             self._keys[key] = job_id
@@ -651,6 +838,8 @@ class JobTable:
             self._retain(entry)
         elif job_state is _RUNNING:
             self._active[job_id] = entry
+            if entry.limits:
+                self.limits.hold(entry, None)  # its token was taken before the checkpoint
         else:
             self._push(entry)
 
@@ -665,6 +854,59 @@ class JobTable:
         return list(self._active.values())
 
     # ---------------------------------------------------------------- helpers
+
+    def _admit(self, entry: Entry, now: float) -> bool:
+        """Whether ``entry`` (just popped from its ready queue) may start now; if not, it is parked
+        (see .limits) and, for a rate, the store hears when it will be due."""
+        due = self.limits.admit(entry, now)
+        if due is None:
+            return True
+        if due != math.inf and self.on_throttled is not None:
+            self.on_throttled(due)
+        return False
+
+    def _let_go(self, entries: list[Entry]) -> None:
+        """Put jobs passed over for a limit back in their ready queues, and say so."""
+        if not entries:
+            return
+        for entry in entries:
+            self._push(entry)
+        if self.on_unblocked is not None:
+            self.on_unblocked(len(entries))
+
+    def _unthrottle(self, now: float) -> None:
+        """Put back the jobs passed over for a rate whose token is due at ``now``."""
+        self._let_go(self.limits.due(now))
+
+    def next_due(self) -> float | None:
+        """When something is due next: a scheduled job's ``run_at``, a deadline, or a rate's token for a
+        job passed over (``None``: nothing)."""
+        times = [t for t in (self.next_run_at(), self.next_deadline(), self.limits.next_due()) if t is not None]
+        return min(times) if times else None
+
+    def _choose(self) -> None:
+        """Keep :attr:`_sole` right after the ready queues or the pauses changed."""
+        only = len(self._queues) == 1 and not self._paused
+        self._sole = next(iter(self._queues.values())) if only else None
+
+    def _best(self, queues: Collection[str] | None) -> ReadyQueue | None:
+        """The ready queue, among ``queues`` (all: ``None``) not paused, whose first job is the best;
+        ``None`` when none holds a ready job. Stale items at the heads are dropped on the way."""
+        best: ReadyQueue | None = None
+        best_key: tuple[int, float, int] | None = None
+        paused = self._paused
+        for name in self._queues if queues is None else queues:
+            ready = self._queues.get(name)
+            if ready is None or name in paused:
+                continue
+            while (item := ready.first()) is not None and item[2].slot != item[3]:
+                ready.pop()
+            if item is None:
+                continue
+            key = (-item[2].priority, item[0], item[1])
+            if best_key is None or key < best_key:
+                best, best_key = ready, key
+        return best
 
     def _running(self, job_id: str, epoch: int) -> Entry | None:
         # An unknown id is stale too: the job may have been cancelled and
@@ -683,6 +925,9 @@ class JobTable:
         counts[state] += 1
         if entry.state is _RUNNING:
             del self._active[entry.id]
+            if entry.limits:
+                entry.state = state
+                self._let_go(self.limits.unhold(entry))
         elif state is _RUNNING:
             self._active[entry.id] = entry
         entry.state = state
@@ -723,16 +968,26 @@ class JobTable:
     def _push(self, entry: Entry) -> None:
         entry.slot = token = entry.slot + 1
         if entry.state is _READY:
-            ready = self._ready
+            queues = self._queues
+            ready = queues.get(entry.queue)
+            if ready is None:
+                ready = queues[entry.queue] = ReadyQueue()
+                self._choose()
             ready.push(entry.priority, (entry.run_at, entry.seq, entry, token))
             if ready.size > 2 * self._counts[_READY] + CHUNK:
-                self._ready = _current_ready(ready)
+                queues[entry.queue] = _current_ready(ready)
+                self._choose()
         else:
             heap = self._scheduled
             heapq.heappush(heap, (entry.run_at, entry.seq, entry, token))
             if len(heap) > 2 * self._counts[_SCHEDULED] + CHUNK:
                 self._scheduled = [item for item in heap if item[2].slot == item[3]]
                 heapq.heapify(self._scheduled)
+
+
+def _expirable(entry: Entry, deadline: float) -> bool:
+    """Whether ``entry`` is a never-claimed ready or scheduled job whose deadline is ``deadline``."""
+    return entry.deadline == deadline and entry.epoch == 0 and (entry.state is _READY or entry.state is _SCHEDULED)
 
 
 def _ignore(job: Job) -> None:
@@ -862,8 +1117,19 @@ def _row(e: Entry) -> tuple[Any, ...]:
 
     A non-scalar result stays in its stored form, msgpack bytes (see
     :func:`stored_result`), which :meth:`JobTable.restore` takes back as is.
+    The trailing fields (queue, tenant, limits, after, deadline) are left off
+    while they hold their defaults.
     """
-    return (
+    row = (
         e.id, e.task, _unpack(e.packed_payload), e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
         e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error, e.errors, e.snoozes,
     )  # fmt: skip
+    if e.deadline is not None:
+        return (*row, e.queue, e.tenant, e.limits, (), e.deadline)
+    if e.limits:
+        return (*row, e.queue, e.tenant, e.limits)
+    if e.tenant is not None:
+        return (*row, e.queue, e.tenant)
+    if e.queue != DEFAULT_QUEUE:
+        return (*row, e.queue)
+    return row

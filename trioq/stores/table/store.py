@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from ..._model import (
+    DEFAULT_QUEUE,
     INT_MAX,
     INT_MIN,
     InvalidJob,
@@ -27,6 +28,7 @@ from ..._model import (
     JobState,
     QueueFull,
     error_text,
+    label_problem,
     name_problem,
     storable_text,
 )
@@ -45,13 +47,27 @@ from .._base import (
 )
 from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
 
-__all__ = ["ADD", "CANCEL", "CLAIM", "DROP", "FAIL", "RELEASE", "RETRY", "SNOOZE", "SUCCEED", "TableStore"]
+__all__ = [
+    "ADD",
+    "CANCEL",
+    "CLAIM",
+    "DROP",
+    "EXPIRE",
+    "FAIL",
+    "PAUSE",
+    "RELEASE",
+    "RESUME",
+    "RETRY",
+    "SNOOZE",
+    "SUCCEED",
+    "TableStore",
+]
 
 # Transition record types, shared with the WAL format; each record's fields,
 # in the order of the tuples handed to _record, are its struct's in
 # stores/wal/_records.py (9 to 11 are the WAL's checkpoint records).
 ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
-SNOOZE = 12
+SNOOZE, EXPIRE, PAUSE, RESUME = 12, 13, 14, 15
 
 
 def _checked(job: NewJob, where: str) -> NewJob:
@@ -63,6 +79,8 @@ def _checked(job: NewJob, where: str) -> NewJob:
     :func:`~trioq._model.name_problem`; ints must fit 64 bits.
     """
     task, key, priority, max_attempts, delay = job.task, job.key, job.priority, job.max_attempts, job.delay
+    if job.queue != DEFAULT_QUEUE or job.tenant is not None or job.deadline is not None or job.limits:
+        job = _checked_labels(job, where)
     exact = (
         type(task) is str
         and (key is None or type(key) is str)
@@ -77,7 +95,9 @@ def _checked(job: NewJob, where: str) -> NewJob:
         priority = _plain_int(priority, f"{where}priority")
         max_attempts = _plain_int(max_attempts, f"{where}max_attempts")
         delay = number(f"{where}delay", delay)
-        job = NewJob(task, job.payload, priority, key, max_attempts, delay)
+        job = NewJob(
+            task, job.payload, priority, key, max_attempts, delay, job.queue, job.tenant, job.deadline, job.limits
+        )
     if not (INT_MIN <= priority <= INT_MAX and 1 <= max_attempts <= INT_MAX):
         field = f"{where}priority" if not INT_MIN <= priority <= INT_MAX else f"{where}max_attempts"
         raise InvalidJob(f"{field} cannot be stored: it must be a 64-bit integer (max_attempts >= 1)", field=field)
@@ -86,6 +106,48 @@ def _checked(job: NewJob, where: str) -> NewJob:
             shown = repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
             raise InvalidJob(f"{where}{field} {shown} cannot be stored: {problem}", field=f"{where}{field}")
     return job
+
+
+def _checked_labels(job: NewJob, where: str) -> NewJob:
+    """``job`` with a storable ``queue`` and ``tenant`` (plain strings), a ``deadline`` that is a
+    finite number of seconds >= 0, and ``limits`` a tuple of storable keys (plain strings, none
+    twice), else :class:`~trioq.InvalidJob` naming the field."""
+    labels: list[str | None] = []
+    for field, value in (("queue", job.queue), ("tenant", job.tenant)):
+        if value is None and field == "tenant":
+            labels.append(None)
+            continue
+        problem = label_problem(value)
+        if problem is not None:
+            raise InvalidJob(f"{where}{field} {value!r:.60} cannot be stored: {problem}", field=f"{where}{field}")
+        labels.append(str.__str__(value))
+    deadline = job.deadline
+    if deadline is not None:
+        deadline = number(f"{where}deadline", deadline)
+    queue, tenant = labels
+    assert queue is not None
+    limits = job.limits
+    if limits:
+        if not isinstance(limits, tuple) or len(set(limits)) != len(limits):
+            raise InvalidJob(
+                f"{where}limits must be a tuple of distinct keys, got {limits!r:.60}", field=f"{where}limits"
+            )
+        for key in limits:
+            problem = name_problem(key) if isinstance(key, str) and key else "it is not a non-empty string"
+            if problem is not None:
+                raise InvalidJob(f"{where}limits: key {key!r:.60} cannot be stored: {problem}", field=f"{where}limits")
+        limits = tuple(str.__str__(key) for key in limits)
+    return NewJob(
+        job.task, job.payload, job.priority, job.key, job.max_attempts, job.delay, queue, tenant, deadline, limits
+    )
+
+
+def _label(queue: object) -> str:
+    """A queue name as a plain string, else :class:`~trioq.InvalidJob` (field ``queue``)."""
+    problem = label_problem(queue)
+    if problem is not None:
+        raise InvalidJob(f"queue {queue!r:.60} cannot be a queue's name: {problem}", field="queue")
+    return str.__str__(queue)
 
 
 def _plain_str(value: object, field: str) -> str:
@@ -155,6 +217,10 @@ class TableStore:
         """Serve the session of ``config`` from ``table`` (its watched jobs' outcomes included)."""
         table.watched = config.watched
         table.on_finish = config.on_finished
+        table.on_expire = self._expired
+        table.limits.limit_of = config.limits
+        table.on_unblocked = config.on_ready
+        table.on_throttled = config.on_scheduled
         self._table, self._config = table, config
 
     def _open(self) -> tuple[JobTable, StoreConfig]:
@@ -162,6 +228,10 @@ class TableStore:
         if table is None or config is None:
             raise RuntimeError(f"{type(self).__name__} is not open; use it through trioq.open_queue")
         return table, config
+
+    def _expired(self, entry: Entry) -> None:
+        """Log a job the table cancelled for its deadline (nobody waits for the record)."""
+        entry.logged = self._record(EXPIRE, (entry.id, entry.finished_at), lazy=True)
 
     def _announce(self, entry: Entry) -> None:
         assert self._config is not None
@@ -213,19 +283,35 @@ class TableStore:
         for j, blob in zip(jobs, packed, strict=True):
             job_id = self._ids()
             run_at = now + j.delay
-            existing = table.add_packed(job_id, j.task, blob, j.priority, j.key, j.max_attempts, run_at, now)
+            queue, tenant = j.queue, j.tenant
+            deadline = None if j.deadline is None else now + j.deadline
+            existing = table.add_packed(
+                job_id, j.task, blob, j.priority, j.key, j.max_attempts, run_at, now, queue, tenant, deadline, j.limits
+            )
             if existing is not None:
                 out.append(table.get(existing))
                 continue
             entry = table.entry(job_id)
             if logs:
-                fields = (job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, run_at, now)
+                fields: tuple[Any, ...] = (
+                    job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, run_at, now,
+                )  # fmt: skip
+                if deadline is not None:  # the ADD record's trailing fields, left off at their defaults
+                    fields = (*fields, queue, tenant, j.limits, (), deadline)
+                elif j.limits:
+                    fields = (*fields, queue, tenant, j.limits)
+                elif tenant is not None:
+                    fields = (*fields, queue, tenant)
+                elif queue != DEFAULT_QUEUE:
+                    fields = (*fields, queue)
                 entry.logged = record(ADD, fields)
             job = entry.snapshot(j.payload)
             if job.state is JobState.READY:
                 ready += 1
             else:
                 scheduled.append(job.run_at)
+            if deadline is not None:
+                scheduled.append(deadline)  # the timer wakes then to cancel it, if it has not started
             out.append(job)
         # Workers hear of the jobs now, not once they are durable (busy ones
         # could claim them anyway): an idle worker starts a job a whole fsync
@@ -242,21 +328,26 @@ class TableStore:
     async def claim(self, request: ClaimRequest) -> list[Job]:
         table, config = self._open()
         limit = request.limit
+        queues = request.queues
         if limit == 1:  # the hot path: one free worker asks
-            # The time matters only for promoting scheduled jobs.
-            entry = table.claim_next(config.clock() if table.has_scheduled else 0.0)
+            # The time matters only for promoting scheduled jobs and for deadlines.
+            now = config.clock() if table.needs_clock else 0.0
+            entry = table.claim_next(now, queues)
             if entry is None:
                 return []
             if self.logs:
-                entry.logged = self._record(CLAIM, (entry.id,), lazy=True)
+                # A job holding limit keys: the claim's time rebuilds the rates' state on replay.
+                fields = (entry.id, now) if entry.limits else (entry.id,)
+                entry.logged = self._record(CLAIM, fields, lazy=True)
             return [entry.snapshot()]  # not flushed: see Store.claim
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"ClaimRequest.limit must be an int >= 0, got {limit!r}")
         claimed: list[Job] = []
-        now = config.clock() if table.has_scheduled else 0.0
-        while len(claimed) < limit and (entry := table.claim_next(now)) is not None:
+        now = config.clock() if table.needs_clock else 0.0
+        while len(claimed) < limit and (entry := table.claim_next(now, queues)) is not None:
             if self.logs:
-                entry.logged = self._record(CLAIM, (entry.id,), lazy=True)
+                fields = (entry.id, now) if entry.limits else (entry.id,)
+                entry.logged = self._record(CLAIM, fields, lazy=True)
             claimed.append(entry.snapshot())
         return claimed
 
@@ -387,7 +478,7 @@ class TableStore:
         promoted = table.promote(config.clock())
         if promoted:
             config.on_ready(promoted)
-        return table.next_run_at()
+        return table.next_due()
 
     async def evict(self) -> int:
         table, config = self._open()
@@ -404,3 +495,32 @@ class TableStore:
     async def counts(self) -> dict[str, int]:
         table, _ = self._open()
         return table.counts()
+
+    async def pause(self, queue: str) -> bool:
+        table, _ = self._open()
+        queue = _label(queue)
+        changed = table.pause(queue)
+        if changed:
+            self._record(PAUSE, (queue,))
+            await self._flush()
+        else:
+            await trio.lowlevel.checkpoint()
+        return changed
+
+    async def resume(self, queue: str) -> bool:
+        table, config = self._open()
+        queue = _label(queue)
+        changed = table.resume(queue)
+        if changed:
+            self._record(RESUME, (queue,))
+            await self._flush()
+            if ready := table.ready_in(queue):
+                config.on_ready(ready)
+        else:
+            await trio.lowlevel.checkpoint()
+        return changed
+
+    async def paused(self) -> list[str]:
+        table, _ = self._open()
+        await trio.lowlevel.checkpoint()
+        return table.paused()
