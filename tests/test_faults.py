@@ -596,11 +596,11 @@ async def test_the_plan_wraps_add_claim_and_the_handler_call_only_while_it_is_ap
     store = trioq.MemoryStore()
     plan = FaultPlan(seed=1).fail("quick", times=1)
     async with trioq.open_queue(blocker, store=store, workers=1, faults=plan) as queue:
-        executor = queue._pool.executor
+        executor = queue._pool.pools[0].executor
         assert {"add", "claim"} <= set(vars(store)) and "invoke" in vars(executor)
         job = await queue.wait((await queue.enqueue("quick")).id)
     assert job.attempts == 2 and [i.kind for i in plan.injected] == ["fail"]
     assert not {"add", "claim", "_open_log"} & set(vars(store)) and "invoke" not in vars(executor)
     async with trioq.open_queue(blocker, store=store, workers=1) as queue:
-        assert "invoke" not in vars(queue._pool.executor)
+        assert "invoke" not in vars(queue._pool.pools[0].executor)
         assert (await queue.wait((await queue.enqueue("quick")).id)).attempts == 1

@@ -284,7 +284,7 @@ async def test_process_handlers_run_kill_on_timeout_and_heartbeat_across_process
             explode = await queue.enqueue("explode")
             beat_final = await queue.wait(beating.id)
             exploded = await queue.wait(explode.id)
-            board = queue._pool.executor.processes._board
+            board = queue._pool.pools[0].executor.processes._board
             assert board is not None and Path(board.path).exists()
 
     assert not Path(board.path).exists()  # no leaks: the heartbeat board goes with the queue

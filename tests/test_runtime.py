@@ -500,8 +500,10 @@ async def test_job_snapshot_fields_and_to_dict(autojump_clock: trio.testing.Mock
     assert set(data) == {
         "id", "task", "payload", "state", "attempts", "epoch", "priority", "key",
         "max_attempts", "run_at", "created_at", "finished_at", "result", "error", "errors",
+        "queue", "tenant", "deadline", "limits",
     }  # fmt: skip
     assert data["errors"] == []
+    assert (data["queue"], data["tenant"], data["deadline"]) == ("default", None, None)
 
 
 async def test_producer_only_queue_never_runs_jobs(autojump_clock: trio.testing.MockClock) -> None:

@@ -193,7 +193,7 @@ async def test_a_claim_waiting_for_a_cpu_keeps_its_lease_and_a_cancel_stops_it(
     registry.add(square, kind="process")
     store = _Wrapped()
     async with trioq.open_queue(registry, store=store, workers=1) as queue:  # type: ignore[arg-type]
-        cpus = queue._pool.executor.processes.cpus
+        cpus = queue._pool.pools[0].executor.processes.cpus
         holders = [object() for _ in range(int(cpus.total_tokens))]
         for holder in holders:  # every CPU taken: the claimed job waits
             await cpus.acquire_on_behalf_of(holder)
@@ -206,7 +206,7 @@ async def test_a_claim_waiting_for_a_cpu_keeps_its_lease_and_a_cancel_stops_it(
         await trio.sleep(1)
         stats = await queue.stats()
     assert stats["workers"]["busy"] == 0 and stats["totals"]["succeeded"] == 0
-    assert not queue._pool.executor.cancelled_claims
+    assert not queue._pool.pools[0].executor.cancelled_claims
 
 
 async def test_a_snooze_raised_as_a_timeout_cancels_it_is_still_a_timeout(

@@ -46,7 +46,7 @@ def job_fields(job: Job, **more: Any) -> dict[str, Any]:
         "task": job.task,
         "attempt": job.attempts + 1,
         "epoch": job.epoch,
-        "queue": "default",
+        "queue": job.queue,
     } | more
 
 

@@ -75,14 +75,17 @@ class WorkerPool:
         node: str,
         lease: float,
         poll_interval: float,
+        queues: tuple[str, ...] | None = None,
     ) -> None:
         self.size = size
+        #: The named queues this pool's workers claim from (``None``: every queue).
+        self.queues = queues
         self._registry = registry
         self._store = store
         self._clock = clock
         self._totals = totals
         self._on_outcome = on_outcome
-        self.producer = Producer(store, node=node, lease=lease, poll_interval=poll_interval)
+        self.producer = Producer(store, node=node, lease=lease, poll_interval=poll_interval, queues=queues)
         self.executor = Executor(registry=registry, heartbeat_timeout=heartbeat_timeout, processes=size, totals=totals)
         self.completer = Completer(
             store, totals=totals, node=node, lease=lease, on_outcome=on_outcome, on_lost=self._lost

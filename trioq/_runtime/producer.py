@@ -35,16 +35,20 @@ _jitter = random.Random()
 class Producer:
     """Hands claimed jobs to free workers; see the module docstring.
 
-    ``node`` and ``lease`` go into every claim; ``poll_interval`` bounds how
-    long a parked worker waits for a hint (``math.inf``: hints only).
+    ``node``, ``lease`` and ``queues`` (the named queues to claim from;
+    ``None``: all) go into every claim; ``poll_interval`` bounds how long a
+    parked worker waits for a hint (``math.inf``: hints only).
     """
 
-    def __init__(self, store: Store, *, node: str, lease: float, poll_interval: float) -> None:
+    def __init__(
+        self, store: Store, *, node: str, lease: float, poll_interval: float, queues: tuple[str, ...] | None = None
+    ) -> None:
         self._store = store
         self._node = node
         self._lease = lease
+        self._queues = queues
         self._poll_interval = poll_interval
-        self._one = ClaimRequest(node, 1, lease)
+        self._one = ClaimRequest(node, 1, lease, queues)
         self._lot = trio.lowlevel.ParkingLot()
         self._generation = 0  # moves on with every hint: a claim that raced one looks again
         self._claimed: collections.deque[Job] = collections.deque()  # claimed, waiting for a worker
@@ -113,7 +117,7 @@ class Producer:
         """Claim for this worker and the parked ones; the caller's job, or ``None`` if none was ready."""
         self._claiming = True
         try:
-            jobs = await self._store.claim(ClaimRequest(self._node, self._parked + 1, self._lease))
+            jobs = await self._store.claim(ClaimRequest(self._node, self._parked + 1, self._lease, self._queues))
         finally:
             self._claiming = False
             if self._hinted:

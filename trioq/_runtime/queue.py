@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +31,12 @@ from .._model import (
 )
 from .._registry import Registry
 from .._validate import where as _where
+from ..policies.limits import fill_keys
 from ..stores._base import NewJob, Store, StoreConfig
 from ..stores.memory import MemoryStore
 from .exits import primary_error, without_cancelled
 from .maintenance import Maintenance
-from .pool import WorkerPool
+from .pools import Pools, worker_split
 from .totals import Totals
 from .wakeups import precise_wakeups
 
@@ -80,7 +81,7 @@ class Queue:
         registry: Registry,
         store: Store,
         *,
-        workers: int,
+        workers: Mapping[str | None, int],
         heartbeat_timeout: float | None,
         max_ready: int | None,
         retention: float,
@@ -96,10 +97,10 @@ class Queue:
         self._offset = time.time() - trio.current_time()
         self._totals = Totals()
         lease = _lease(store)
-        self._pool = WorkerPool(
+        self._pool = Pools(
+            workers,
             registry=registry,
             store=store,
-            size=workers,
             heartbeat_timeout=heartbeat_timeout,
             clock=self._clock,
             totals=self._totals,
@@ -124,6 +125,7 @@ class Queue:
             on_cancel=self._pool.cancel_attempt,
             watched=self._waiters,
             on_finished=self._finished,
+            limits=registry.limits.resolve,
         )
         self._progress = trio.Event()
         self._joiners = 0
@@ -144,15 +146,37 @@ class Queue:
         priority: int | None = None,
         key: str | None = None,
         max_attempts: int | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        deadline: float | None = None,
+        limits: Sequence[str] = (),
     ) -> Job:
         """Add one job; returns its snapshot (``ready``, or ``scheduled`` with a delay).
 
-        ``priority`` and ``max_attempts`` default to the task's. With a ``key``
-        that a retained job already holds, nothing is added and that job is
-        returned. Raises :class:`~trioq.UnknownTask`, :class:`~trioq.InvalidJob`
-        (naming the bad field), or :class:`~trioq.QueueFull` at ``max_ready``.
+        ``priority``, ``max_attempts`` and ``queue`` (the named queue it waits
+        in) default to the task's. ``tenant`` names whom the job runs for.
+        ``deadline``: seconds from now by which the job must have started; a
+        job still waiting then is cancelled, its error saying so (it never
+        runs late; a delay past the deadline means it never runs). ``limits``:
+        limit keys the job holds besides its task's (each must match a
+        limit the registry declares). With a
+        ``key`` that a retained job already holds, nothing is added and that
+        job is returned. Raises :class:`~trioq.UnknownTask`,
+        :class:`~trioq.InvalidJob` (naming the bad field), or
+        :class:`~trioq.QueueFull` at ``max_ready``.
         """
-        spec = JobSpec(task, {} if payload is None else payload, delay, priority, key, max_attempts)
+        spec = JobSpec(
+            task,
+            {} if payload is None else payload,
+            delay,
+            priority,
+            key,
+            max_attempts,
+            queue,
+            tenant,
+            deadline,
+            limits,
+        )
         return (await self.enqueue_many([spec]))[0]
 
     def enqueue_tx(self, conn: Any, task: str, payload: dict[str, Any] | None = None, **options: Any) -> Job:
@@ -174,7 +198,7 @@ class Queue:
                 f"this queue's store is a {type(self.store).__name__}: use `await queue.enqueue(...)`"
             )
         self._check_open()
-        unknown = set(options) - {"delay", "priority", "key", "max_attempts"}
+        unknown = set(options) - {"delay", "priority", "key", "max_attempts", "queue", "tenant", "deadline", "limits"}
         if unknown:
             raise TypeError(f"enqueue_tx() got unexpected keyword argument(s) {sorted(unknown)}")
         spec = JobSpec(task, {} if payload is None else payload, **options)
@@ -249,7 +273,16 @@ class Queue:
         if key is not None and (not isinstance(key, str) or not key):
             where = _where(index)
             raise InvalidJob(f"{where}key must be a non-empty string or None, got {key!r}", field=f"{where}key")
-        return NewJob(task, payload, priority, key, max_attempts, delay)
+        queue, tenant, deadline, limits = spec.queue, spec.tenant, spec.deadline, spec.limits
+        if queue is None and tenant is None and deadline is None and not limits and not definition.limits:
+            return NewJob(task, payload, priority, key, max_attempts, delay, definition.queue)
+        queue = definition.queue if queue is None else validate.label(f"{_where(index)}queue", queue)
+        if tenant is not None:
+            tenant = validate.label(f"{_where(index)}tenant", tenant)
+        if deadline is not None:
+            deadline = validate.number(f"{_where(index)}deadline", deadline, above=True)
+        keys = fill_keys(definition.limits, limits, payload, tenant, self.registry.limits, _where(index))
+        return NewJob(task, payload, priority, key, max_attempts, delay, queue, tenant, deadline, keys)
 
     # ------------------------------------------------------------- querying
 
@@ -347,10 +380,16 @@ class Queue:
             self._joiners -= 1
 
     async def stats(self) -> dict[str, Any]:
-        """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers``."""
+        """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers`` (this node's,
+        across its pools), and ``queues``: for each named queue this node serves or that is paused,
+        ``{"paused": bool, "workers": this node's pool for it (0: none of its own)}``; the pool that
+        serves every queue is under ``"*"``."""
         await trio.lowlevel.checkpoint()
         counts = await self.store.counts()
-        return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats()}
+        paused = await self.store.paused()
+        sizes = self._pool.sizes()
+        queues = {name: {"paused": name in paused, "workers": sizes.get(name, 0)} for name in sorted({*sizes, *paused})}
+        return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats(), "queues": queues}
 
     def observe_attempts(self, observer: Callable[[str, float, float], None]) -> None:
         """Call ``observer(task, queue_wait_s, run_s)`` after every attempt (metrics use this).
@@ -385,6 +424,26 @@ class Queue:
             self._totals.cancelled += 1
             self._outcome()
         return outcome.job
+
+    async def pause(self, queue: str) -> bool:
+        """Stop every node from claiming jobs of the named queue ``queue`` until :meth:`resume`.
+
+        Persisted in the store (it outlasts this queue, and a restart); running
+        attempts finish; enqueueing into the queue goes on. Returns whether it
+        was running before (``False``: paused already). Raises
+        :class:`~trioq.InvalidJob` (field ``queue``) for a name no queue can have.
+        """
+        self._check_open()
+        name = validate.label("queue", queue)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self.store.pause(name)
+
+    async def resume(self, queue: str) -> bool:
+        """Let every node claim jobs of ``queue`` again; returns whether it was paused."""
+        self._check_open()
+        name = validate.label("queue", queue)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self.store.resume(name)
 
     async def retry(self, job_id: str) -> Job:
         """Run a dead or cancelled job again from scratch (attempts reset to 0).
@@ -453,7 +512,7 @@ async def open_queue(
     registry: Registry,
     *,
     store: Store | None = None,
-    workers: int = 10,
+    workers: int | Mapping[str, int] = 10,
     heartbeat_timeout: float | None = None,
     shutdown_grace: float = 10.0,
     max_ready: int | None = None,
@@ -468,7 +527,9 @@ async def open_queue(
     Leaving the block normally stops claiming, gives running attempts
     ``shutdown_grace`` seconds, then cancels them and releases their jobs
     (not counted as attempts). Leaving it with an exception (or cancelled)
-    skips the grace. ``workers=0`` opens a producer-only queue. Exceptions of
+    skips the grace. ``workers=0`` opens a producer-only queue; a mapping
+    such as ``{"default": 8, "email": 4}`` gives each named queue its own pool
+    of workers, and this node then claims from those queues only. Exceptions of
     the body and trioq's own errors come out as themselves, never wrapped in
     an ``ExceptionGroup``: when several errors come out at once (a second
     Ctrl-C during shutdown, a full disk failing the writer and every caller),
@@ -495,7 +556,7 @@ async def open_queue(
     """
     if not isinstance(registry, Registry):
         raise TypeError(f"open_queue needs a trioq.Registry, got {type(registry).__name__}")
-    validate.integer("workers", workers, minimum=0, error=ValueError)
+    split = worker_split(workers)
     validate.optional_number("heartbeat_timeout", heartbeat_timeout, above=True, infinite=True, error=ValueError)
     validate.number("shutdown_grace", shutdown_grace, infinite=True, error=ValueError)
     if max_ready is not None:
@@ -509,7 +570,7 @@ async def open_queue(
     queue = Queue(
         registry,
         MemoryStore() if store is None else store,
-        workers=workers,
+        workers=split,
         heartbeat_timeout=heartbeat_timeout,
         max_ready=max_ready,
         retention=retention,
@@ -522,7 +583,7 @@ async def open_queue(
             registry=registry,
             heartbeat_timeout=heartbeat_timeout,
             store=queue.store,
-            executor=queue._pool.executor,
+            executors=queue._pool.executors,
             on_crash=queue._die,
         )
     body_error: BaseException | None = None

@@ -302,7 +302,7 @@ class FaultSession:
     While the plan is applied, the session stands in for three methods, as
     instance attributes (:class:`_Wrapped`; :meth:`close` puts them back): the
     store's ``add`` (to number jobs in enqueue order) and ``claim`` (to number
-    each job at its claim), and the executor's ``invoke`` (the one call of a
+    each job at its claim), and each executor's ``invoke`` (the one call of a
     handler: failures, hangs and delays strike there). Production code has no
     branch for a plan. On a store with a log (one with a ``_open_log`` method: ``WALStore``),
     the session stands in for that method on the store instance until
@@ -321,7 +321,7 @@ class FaultSession:
         registry: Registry,
         heartbeat_timeout: float | None,
         store: Any,
-        executor: Executor | None = None,
+        executors: Sequence[Executor] = (),
         on_crash: Callable[[SimulatedCrash], None],
     ) -> None:
         self.plan = plan
@@ -348,9 +348,8 @@ class FaultSession:
             _Wrapped.install(store, "add", self._add),
             _Wrapped.install(store, "claim", self._claim),
         ]
-        if executor is not None:  # None: numbering only (no attempts to strike)
-            self._real_invoke = executor.invoke
-            self._wrapped.append(_Wrapped.install(executor, "invoke", self._invoke))
+        for executor in executors:  # none: numbering only (no attempts to strike)
+            self._wrapped.append(_Wrapped.install(executor, "invoke", self._invoker(executor.invoke)))
         if self._open_real_log is not None:
             self._wrapped.append(_Wrapped.install(store, "_open_log", self._open_log))
         plan._sessions.append(self)
@@ -426,9 +425,13 @@ class FaultSession:
             await self.number(job.id)
         return claimed
 
-    async def _invoke(self, worker: Any, job: Job, task: TaskDef, attempt: Any) -> Any:
-        """The executor's call of a handler, with the plan's faults."""
-        return await self.attempt(job, lambda: self._real_invoke(worker, job, task, attempt))
+    def _invoker(self, real_invoke: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """An executor's call of a handler (``real_invoke``), with the plan's faults."""
+
+        async def invoke(worker: Any, job: Job, task: TaskDef, attempt: Any) -> Any:
+            return await self.attempt(job, lambda: real_invoke(worker, job, task, attempt))
+
+        return invoke
 
     # ---------------------------------------------------------- numbering
 

@@ -1,0 +1,103 @@
+"""A node's worker pools: one for every queue, or one per named queue (``workers={"email": 4, ...}``).
+
+:class:`Pools` stands in front of the :class:`~.pool.WorkerPool` s as one
+pool does: the store's hints reach every pool (a hint does not say which queue
+it is about; a pool that finds nothing parks again), shutdown stops them all,
+and :meth:`Pools.stats` sums them, so ``stats()["workers"]`` keeps its shape
+whatever the split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import trio
+
+from .. import _validate as validate
+from .executor import Executor
+from .pool import WorkerPool
+
+__all__ = ["Pools", "worker_split"]
+
+
+def worker_split(workers: object) -> dict[str | None, int]:
+    """``open_queue``'s ``workers`` as ``{queue name or None (every queue): size}``.
+
+    An int is one pool serving every queue (0: producer-only). A mapping gives
+    each named queue its own pool of at least one worker. Raises
+    ``ValueError`` or ``TypeError`` naming what is wrong.
+    """
+    if isinstance(workers, Mapping):
+        if not workers:
+            raise ValueError("workers must name at least one queue, e.g. {'default': 8}, or be an int")
+        split: dict[str | None, int] = {}
+        for name, size in workers.items():
+            label = validate.label("workers key", name, error=ValueError)
+            split[label] = validate.integer(f"workers[{label!r}]", size, minimum=1, error=ValueError)
+        return split
+    if not isinstance(workers, int):  # a bool is an int, and refused as a count: ValueError
+        raise TypeError(f"workers must be an int or a mapping of queue name to int, got {type(workers).__name__}")
+    return {None: validate.integer("workers", workers, minimum=0, error=ValueError)}
+
+
+class Pools:
+    """The node's pools, driven as one (see the module docstring)."""
+
+    def __init__(self, split: Mapping[str | None, int], **options: Any) -> None:
+        self.pools = [
+            WorkerPool(size=size, queues=None if name is None else (name,), **options) for name, size in split.items()
+        ]
+        #: Called as ``observer(task, queue_wait_s, run_s)`` after each attempt, in every pool.
+        self.observers: list[Callable[[str, float, float], None]] = []
+        for pool in self.pools:
+            pool.observers = self.observers
+
+    @property
+    def executors(self) -> list[Executor]:
+        return [pool.executor for pool in self.pools]
+
+    @property
+    def healthy(self) -> int:
+        return sum(pool.healthy for pool in self.pools)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every pool until :meth:`cancel`; started once all have started."""
+        async with trio.open_nursery() as nursery:
+            for pool in self.pools:
+                await nursery.start(pool.run)
+            task_status.started()
+
+    def wake(self, n: int) -> None:
+        """The store's hint that ``n`` jobs may have become claimable, for every pool."""
+        for pool in self.pools:
+            pool.wake(n)
+
+    def cancel_attempt(self, job_id: str, epoch: int) -> None:
+        """The store's ``on_cancel`` hint: the pool running that attempt stops it."""
+        for pool in self.pools:
+            pool.cancel_attempt(job_id, epoch)
+
+    def stop_claiming(self) -> None:
+        for pool in self.pools:
+            pool.stop_claiming()
+
+    async def wait_drained(self) -> None:
+        for pool in self.pools:
+            await pool.wait_drained()
+
+    def cancel(self) -> None:
+        for pool in self.pools:
+            pool.cancel()
+
+    def stats(self) -> dict[str, int]:
+        """Every pool's figures, summed (``stats()["workers"]``)."""
+        total: dict[str, int] = {}
+        for pool in self.pools:
+            for name, value in pool.stats().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def sizes(self) -> dict[str, int]:
+        """Workers per named queue (``"*"``: the pool that serves every queue)."""
+        return {"*" if pool.queues is None else pool.queues[0]: pool.size for pool in self.pools}
