@@ -169,6 +169,15 @@ def _job(draw: Any, job: Any) -> Any:
         job["payload"] = draw(st.sampled_from(payloads))
         if draw(st.sampled_from([False, False, False, True])):
             job["key"] = "known"  # held by a succeeded job: returned as is, even when the queue is full
+        # The document bounds names in characters, the store in bytes, and only the registry knows
+        # the limit keys: steer these to values the app must take.
+        for name, values in (
+            ("queue", [None, "default", "email"]),
+            ("tenant", [None, "acme"]),
+            ("limits", [None, [], ["shared"], ["user:7", "shared"]]),
+        ):
+            if name in job:
+                job[name] = draw(st.sampled_from(values))
     return job
 
 

@@ -8,7 +8,8 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
     GET    /metrics            Prometheus text: gauges and counters prefixed trioq_, and
                                histograms of queue wait and run time per task
     GET    /openapi.json       this API as an OpenAPI 3.1 document
-    POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?} -> 202
+    POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?,
+                                "queue"?, "tenant"?, "deadline"?, "limits"?} -> 202
     POST   /jobs/batch         {"jobs": [...]} -> 202, all or nothing
     GET    /jobs/<id>          the job
     DELETE /jobs/<id>          cancel it
@@ -61,7 +62,9 @@ from .openapi import openapi_spec
 __all__ = ["blueprint", "create_app"]
 
 DEFAULT_MAX_BODY = 1024 * 1024
-_JOB_FIELDS = frozenset({"task", "payload", "delay", "priority", "key", "max_attempts"})
+_JOB_FIELDS = frozenset(
+    {"task", "payload", "delay", "priority", "key", "max_attempts", "queue", "tenant", "deadline", "limits"}
+)
 # By endpoint name, so the routes stay open under a blueprint's url_prefix.
 _OPEN_ENDPOINTS = frozenset({"healthz", "readyz", "openapi"})
 #: Answers given before the request body is read to its end: the connection
@@ -169,6 +172,10 @@ def _spec(data: Any, where: str) -> JobSpec:
         _whole(data.get("priority")),
         data.get("key"),
         _whole(data.get("max_attempts")),
+        data.get("queue"),
+        data.get("tenant"),
+        data.get("deadline"),
+        () if data.get("limits") is None else data["limits"],
     )
 
 

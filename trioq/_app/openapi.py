@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._model import INT_MAX, INT_MIN, MAX_NAME_BYTES, JobState
+from .._model import INT_MAX, INT_MIN, MAX_LABEL_BYTES, MAX_NAME_BYTES, JobState
 from .._runtime.totals import Totals
 
 __all__ = ["openapi_spec"]
@@ -41,6 +41,7 @@ _WORKERS: Final = (
 #: characters), exact for ASCII; lone surrogates have no portable pattern (ECMA-262 regexes see
 #: UTF-16 code units) and are left to the 400.
 _NAME: Final = {"minLength": 1, "maxLength": MAX_NAME_BYTES, "pattern": r"^[^\u0000]*$"}
+_LABEL: Final = {"minLength": 1, "maxLength": MAX_LABEL_BYTES, "pattern": r"^[^\u0000]*$"}
 
 
 def _schema(name: str) -> dict[str, Any]:
@@ -113,6 +114,36 @@ def _schemas() -> dict[str, Any]:
                 "maximum": INT_MAX,
                 "description": "Attempts before the job is dead; absent or null means the task's.",
             },
+            "queue": {
+                "type": ["string", "null"],
+                **_LABEL,
+                "description": (
+                    'The named queue the job waits in; absent or null means the task\'s (else "default"). At most'
+                    f" {MAX_LABEL_BYTES} bytes of UTF-8, without NUL or lone surrogates (else 400)."
+                ),
+            },
+            "tenant": {
+                "type": ["string", "null"],
+                **_LABEL,
+                "description": f"Whom the job runs for (at most {MAX_LABEL_BYTES} bytes of UTF-8); null: nobody named.",
+            },
+            "deadline": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": sys.float_info.max,
+                "description": (
+                    "Seconds from now by which the job must have started; a job still waiting then is cancelled,"
+                    " its error saying so. Absent or null: no deadline."
+                ),
+            },
+            "limits": {
+                "type": ["array", "null"],
+                "items": {"type": "string", **_LABEL},
+                "description": (
+                    "Limit keys the job holds besides its task's; each must match a limit the registry declares"
+                    " (else 400)."
+                ),
+            },
         },
     }
     job = {
@@ -134,6 +165,10 @@ def _schemas() -> dict[str, Any]:
             "result",
             "error",
             "errors",
+            "queue",
+            "tenant",
+            "deadline",
+            "limits",
         ],
         "additionalProperties": False,
         "properties": {
@@ -165,6 +200,17 @@ def _schemas() -> dict[str, Any]:
                         "finished_at": {"type": "number"},
                     },
                 },
+            },
+            "queue": {"type": "string", "description": "The named queue the job waits in."},
+            "tenant": {"type": ["string", "null"]},
+            "deadline": {
+                "type": ["number", "null"],
+                "description": "Wall-clock time by which the job must start, else it is cancelled; null: none.",
+            },
+            "limits": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The limit keys its attempts hold (its task's, filled in, and its enqueue's).",
             },
         },
     }
@@ -223,12 +269,28 @@ def _schemas() -> dict[str, Any]:
         },
         "Stats": {
             "type": "object",
-            "required": ["jobs", "totals", "workers"],
+            "required": ["jobs", "totals", "workers", "queues"],
             "additionalProperties": False,
             "properties": {
                 "jobs": _counts(_STATES, "Jobs in each state now."),
                 "totals": _counts(_TOTALS, "Counters since the queue opened."),
-                "workers": _counts(_WORKERS, "The worker pool."),
+                "workers": _counts(_WORKERS, "This node's workers, across its pools."),
+                "queues": {
+                    "type": "object",
+                    "description": (
+                        "Each named queue this node has a pool for, or that is paused: whether it is paused, and"
+                        ' this node\'s workers for it ("*": the pool that serves every queue).'
+                    ),
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["paused", "workers"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "paused": {"type": "boolean"},
+                            "workers": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                },
             },
         },
     }
