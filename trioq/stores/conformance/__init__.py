@@ -45,6 +45,8 @@ from ._cases_admin import CancelCases, EvictCases, PromoteCases, RescueCases, Re
 from ._cases_jobs import AddCases, ClaimCases, CompleteCases, ExtendCases
 from ._cases_limits import LimitCases
 from ._cases_model import ModelCases
+from ._cases_policies import LimitInvariantCases, LimitKeyCases
+from ._cases_queues import DeadlineCases, QueueCases
 from ._cases_sessions import DurabilityCases, SessionCases
 from ._harness import FakeClock, Harness, Hints, StoreKind
 
@@ -55,6 +57,10 @@ class StoreConformance(
     # pytest collects inherited cases base class first (reverse MRO): this
     # order runs them from add to the model-based run.
     ModelCases,
+    LimitInvariantCases,
+    LimitKeyCases,
+    DeadlineCases,
+    QueueCases,
     LimitCases,
     DurabilityCases,
     SessionCases,

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from ..._model import Job, JobState
+from ..._model import Job, JobState, Limit
 from .._base import ClaimRequest, NewJob, Outcome, Store, StoreConfig
 
 __all__ = ["ALL_STATES", "NODE", "START", "FakeClock", "Harness", "Hints", "StoreKind", "claim_one", "complete_one"]
@@ -124,6 +124,22 @@ class Harness:
     clock: FakeClock = attrs.field(factory=FakeClock)
     hints: Hints = attrs.field(factory=Hints)
     node: str = NODE
+    #: The limits every session's ``StoreConfig.limits`` resolves keys with (declare with :meth:`limit`).
+    limits: dict[str, Limit] = attrs.field(factory=dict)
+
+    def limit(self, key: str, **bounds: Any) -> Limit:
+        """Declare a limit on ``key`` for every session of this harness (an exact key, or a pattern
+        ending in ``*``); ``bounds`` as ``Registry.limit`` takes them."""
+        self.limits[key] = limit = Limit(key, **bounds)
+        return limit
+
+    def limit_of(self, key: str) -> Limit | None:
+        """The limit of a concrete ``key``: its own, else the longest pattern matching it."""
+        found = self.limits.get(key)
+        if found is not None:
+            return found
+        patterns = [limit for name, limit in self.limits.items() if name.endswith("*") and key.startswith(name[:-1])]
+        return max(patterns, key=lambda limit: len(limit.key), default=None)
 
     def make(self) -> Store:
         """A new store of this kind over :attr:`path`."""
@@ -144,6 +160,7 @@ class Harness:
             "on_scheduled": self.hints.on_scheduled,
             "on_cancel": self.hints.on_cancel,
             "on_finished": self.hints.on_finished,
+            "limits": self.limit_of,
         }
         fields.update(overrides)
         return StoreConfig(**fields)
@@ -179,6 +196,10 @@ class Harness:
         priority: int = 0,
         key: str | None = None,
         max_attempts: int = 3,
+        queue: str = "default",
+        tenant: str | None = None,
+        deadline: float | None = None,
+        limits: Sequence[str] = (),
     ) -> NewJob:
         """A :class:`NewJob` due ``delay`` seconds from the store's now (the fake clock's)."""
         return NewJob(
@@ -188,11 +209,18 @@ class Harness:
             key=key,
             max_attempts=max_attempts,
             delay=float(delay),
+            queue=queue,
+            tenant=tenant,
+            deadline=None if deadline is None else float(deadline),
+            limits=tuple(limits),
         )
 
-    def request(self, limit: int = 1, *, lease: float = 30.0, node: str | None = None) -> ClaimRequest:
-        """A claim of up to ``limit`` jobs for ``node`` (by default :attr:`node`)."""
-        return ClaimRequest(self.node if node is None else node, limit, lease)
+    def request(
+        self, limit: int = 1, *, lease: float = 30.0, node: str | None = None, queues: Sequence[str] | None = None
+    ) -> ClaimRequest:
+        """A claim of up to ``limit`` jobs of ``queues`` (``None``: all) for ``node`` (by default :attr:`node`)."""
+        names = None if queues is None else tuple(queues)
+        return ClaimRequest(self.node if node is None else node, limit, lease, names)
 
 
 async def claim_one(store: Store, node: str = NODE, *, lease: float = 30.0) -> Job:
