@@ -93,7 +93,7 @@ def test_cli_entry_point_exit_codes(tmp_path: Path) -> None:
 
 async def test_verify_and_inspect_name_each_segments_format(tmp_path: Path) -> None:
     # A log trioq wrote in format 2 (tests/stores/data), then opened by this
-    # trioq: its old segments stay format 2 until a checkpoint, new ones are 3.
+    # trioq: its old segments stay format 2 until a checkpoint, new ones are 4.
     wal = tmp_path / "wal"
     shutil.copytree(Path(__file__).parent / "stores" / "data" / "wal_v2", wal)
     code, out, err = _run(verify_command, wal)
@@ -103,12 +103,31 @@ async def test_verify_and_inspect_name_each_segments_format(tmp_path: Path) -> N
     async with store.session(StoreConfig(clock=lambda: 1_700_004_010.0)):
         pass
     code, out, _ = _run(verify_command, wal)
-    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 3), ") and "56 jobs" in out
+    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 4), ") and "56 jobs" in out
     code, out, _ = _run(inspect_command, wal)
     assert code == 0
     lines = [line.split() for line in out.splitlines() if line.strip().endswith(".wal") or ".wal " in line]
     assert [(line[0], line[2]) for line in lines] == [
         ("00000000000000000002.wal", "2"),
         ("00000000000000000003.wal", "2"),
-        ("00000000000000000004.wal", "3"),
+        ("00000000000000000004.wal", "4"),
     ]
+
+
+async def test_verify_and_inspect_read_queues_pauses_and_expiries(tmp_path: Path) -> None:
+    # Format 4's records (ADD with a queue, tenant and deadline; EXPIRE, PAUSE,
+    # RESUME) replay in verify, and inspect names the paused queues.
+    from trioq.stores import NewJob
+
+    clock = [1_700_000_000.0]
+    store = trioq.WALStore(tmp_path, fsync="never")
+    async with store.session(StoreConfig(clock=lambda: clock[0])):
+        await store.add([NewJob("t", {}, 0, None, 3, 0.0, "email", "acme", 5.0), NewJob("t", {}, 0, None, 3)])
+        assert await store.pause("email") and await store.pause("reports") and await store.resume("reports")
+        clock[0] += 10.0
+        assert await store.promote() is None  # the deadline passed: EXPIRE
+        await store.sync()
+    code, out, err = _run(verify_command, tmp_path)
+    assert (code, err) == (0, "") and out.startswith("ok: 1 segment(s) (format 4), ") and "2 jobs" in out
+    code, out, _ = _run(inspect_command, tmp_path)
+    assert code == 0 and "paused queues: email\n" in out and "cancelled           1" in out

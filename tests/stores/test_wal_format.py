@@ -1,9 +1,12 @@
-"""The WAL's log format: typed records (format 3), and logs of format 2 read as they are.
+"""The WAL's log format: typed records (format 4), and logs of formats 2 and 3 read as they are.
 
 ``data/wal_v2/`` is a log trioq wrote in format 2 (commit fceb23c, by
 ``data/make_wal_v2.py``; ``data/wal_v2.json`` holds each job as that trioq saw
 it): a checkpoint, then format-2 records of every type, left as a ``kill -9``
-leaves a log (one job running).
+leaves a log (one job running). ``data/wal_v3/`` is the same for format 3
+(by ``data/make_wal_v3.py``, with ``data/wal_v3.json``): SNOOZE records,
+tracebacks, a FAIL without retry, ENTRY rows with errors and snoozes.
+Jobs of either come back in the default queue, with no tenant and no deadline.
 """
 
 from __future__ import annotations
@@ -12,20 +15,33 @@ import io
 import json
 import shutil
 import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from crc32c import crc32c
-from test_wal import START, Clock, claim, fail, new_job, opened, segments, succeed
+from test_wal import START, Clock, claim, claim_one, fail, new_job, opened, segments, succeed
 
-from trioq import FailedAttempt, JobNotFound, JobState, WALCorruption
+from trioq import FailedAttempt, JobNotFound, JobState, WALCorruption, WALStore
 from trioq._app.walcli import verify_command
-from trioq.stores import ClaimRequest, Failed, NewJob, Released, Snoozed, Succeeded
-from trioq.stores.table.store import ADD, FAIL
+from trioq._model import Limit
+from trioq.stores import ClaimRequest, Failed, NewJob, Released, Snoozed, StoreConfig, Succeeded
+from trioq.stores.table.store import ADD, CLAIM, EXPIRE, FAIL, PAUSE, RESUME, SNOOZE
 from trioq.stores.wal import _format
-from trioq.stores.wal._format import COMMIT, ENTRY, frame, frame_record, read_header, scan_segment, segment_name
+from trioq.stores.wal._format import (
+    CHECKPOINT_BEGIN,
+    COMMIT,
+    ENTRY,
+    VERSION,
+    frame,
+    frame_record,
+    read_header,
+    scan_segment,
+    segment_name,
+)
 from trioq.stores.wal._records import (
     RECORDS,
     Add,
@@ -34,9 +50,12 @@ from trioq.stores.wal._records import (
     CheckpointEnd,
     Claim,
     Drop,
+    Expire,
     Fail,
+    Pause,
     Record,
     Release,
+    Resume,
     Retry,
     Row,
     Snooze,
@@ -48,8 +67,12 @@ from trioq.stores.wal._records import (
 DATA = Path(__file__).parent / "data"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((DATA / "wal_v2.json").read_text())
 IDS = {name: job["id"] for name, job in EXPECTED.items()}
-#: After the format-2 log's last record.
+EXPECTED_V3: dict[str, dict[str, Any]] = json.loads((DATA / "wal_v3.json").read_text())
+IDS_V3 = {name: job["id"] for name, job in EXPECTED_V3.items()}
+#: After the format-2 (and format-3) log's last record.
 LATER = START + 4010.0
+#: What a job of a format-2 or format-3 log has for the fields format 4 added (Job.to_dict()).
+NO_LABELS = {"queue": "default", "tenant": None, "deadline": None, "limits": []}
 _FRAME = struct.Struct("<IIB")
 
 
@@ -60,9 +83,26 @@ def v2_log(tmp_path: Path) -> Path:
     return wal
 
 
+def v3_log(tmp_path: Path) -> Path:
+    """A copy of the format-3 log to open (opening writes to it)."""
+    wal = tmp_path / "wal"
+    shutil.copytree(DATA / "wal_v3", wal)
+    return wal
+
+
 def versions(wal: Path) -> dict[int, int]:
     """Each segment's format version, by segment number, from the headers."""
     return dict(read_header(str(p)) for p in segments(wal))
+
+
+@asynccontextmanager
+async def opened_limited(
+    path: Path, clock: Clock, limits: dict[str, Limit], *, retention: float = 3600.0
+) -> AsyncIterator[WALStore]:
+    """``test_wal.opened``, its session knowing ``limits`` (by exact key)."""
+    store = WALStore(path, fsync="never")
+    async with store.session(StoreConfig(clock=clock, retention=retention, limits=limits.get)):
+        yield store
 
 
 def unframe(data: bytes) -> tuple[int, bytes]:
@@ -90,8 +130,10 @@ async def test_a_format_2_log_opens_with_every_job_as_it_was(tmp_path: Path) -> 
                 continue
             got = (await store.get(want["id"])).to_dict()
             got.pop("errors")  # format 2 kept none: below
-            # Running at the "crash": ready again, same epoch, uncounted.
-            assert got == {**want, "state": "ready" if want["state"] == "running" else want["state"]}, name
+            # Running at the "crash": ready again, same epoch, uncounted. The
+            # fields format 4 added (format 2 knew none of them): their defaults.
+            state = "ready" if want["state"] == "running" else want["state"]
+            assert got == {**want, **NO_LABELS, "state": state}, name
 
         async def check(name: str, state: JobState, attempts: int, epoch: int, result: Any, error: str | None) -> None:
             job = await store.get(IDS[name])
@@ -136,7 +178,7 @@ async def test_a_format_2_log_opens_with_every_job_as_it_was(tmp_path: Path) -> 
         }
 
 
-async def test_new_records_go_to_format_3_segments_after_the_format_2_ones(tmp_path: Path) -> None:
+async def test_new_records_go_to_format_4_segments_after_the_format_2_ones(tmp_path: Path) -> None:
     wal = v2_log(tmp_path)
     clock = Clock(LATER)
     async with opened(wal, clock) as store:
@@ -154,12 +196,13 @@ async def test_new_records_go_to_format_3_segments_after_the_format_2_ones(tmp_p
         assert states == [JobState.SUCCEEDED, JobState.DEAD, JobState.SCHEDULED]
         await store.sync()
         jobs = {job_id: await store.get(job_id) for job_id in IDS.values() if job_id != IDS["a_evicted"]}
-    # The old segments stay as they were (a checkpoint will delete them); the session wrote format 3.
-    assert versions(wal) == {2: 2, 3: 2, 4: 3}
+    # The old segments stay as they were (a checkpoint will delete them); the session wrote format 4.
+    assert VERSION == 4
+    assert versions(wal) == {2: 2, 3: 2, 4: 4}
     assert (wal / segment_name(2)).read_bytes() == (DATA / "wal_v2" / segment_name(2)).read_bytes()
 
     async with opened(wal, clock) as store:
-        assert store.recovery is not None and store.recovery.versions == {2: 2, 3: 2, 4: 3}
+        assert store.recovery is not None and store.recovery.versions == {2: 2, 3: 2, 4: 4}
         assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
         dead = jobs[retried.id]
         assert dead.errors == (
@@ -169,37 +212,112 @@ async def test_new_records_go_to_format_3_segments_after_the_format_2_ones(tmp_p
         assert jobs[running.id].run_at == LATER + 60.0 and jobs[running.id].state is JobState.SCHEDULED
         assert store._table is not None and store._table.entry(running.id).snoozes == 1
         await store.checkpoint()
-        assert versions(wal) == {6: 3}  # the format-2 segments are gone (5: this session's first)
+        assert versions(wal) == {6: 4}  # the format-2 segments are gone (5: this session's first)
 
     async with opened(wal, clock) as store:
-        assert store.recovery is not None and store.recovery.versions == {6: 3}
+        assert store.recovery is not None and store.recovery.versions == {6: 4}
         assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
         assert store._table is not None and store._table.entry(running.id).snoozes == 1
 
 
-@pytest.mark.parametrize("version", [1, 4, 0xFFFF])
+@pytest.mark.parametrize("version", [1, 5, 0xFFFF])
 async def test_a_segment_of_a_format_it_does_not_read_is_refused_saying_so(tmp_path: Path, version: int) -> None:
     wal = tmp_path / "wal"
     wal.mkdir()
     head = struct.pack("<8sHQ", _format.MAGIC, version, 1)
     (wal / segment_name(1)).write_bytes(head + struct.pack("<I", crc32c(head)))
-    with pytest.raises(WALCorruption, match=f"WAL format version {version}; this trioq reads versions 2 and 3"):
+    with pytest.raises(WALCorruption, match=f"WAL format version {version}; this trioq reads versions 2, 3 and 4\\."):
         async with opened(wal, Clock()):
             pass  # pragma: no cover
     assert verify_command(str(wal), *_sinks()) == 1
 
 
-async def test_a_format_2_segment_after_a_format_3_one_is_corruption(tmp_path: Path) -> None:
+@pytest.mark.parametrize("older", [2, 3])
+async def test_a_segment_of_an_older_format_after_a_format_4_one_is_corruption(tmp_path: Path, older: int) -> None:
     wal = v2_log(tmp_path)
     async with opened(wal, Clock(LATER)):
         pass
-    assert versions(wal) == {2: 2, 3: 2, 4: 3}
-    head = struct.pack("<8sHQ", _format.MAGIC, 2, 5)  # as only a format-2 trioq writes
+    assert versions(wal) == {2: 2, 3: 2, 4: 4}
+    head = struct.pack("<8sHQ", _format.MAGIC, older, 5)  # as only a trioq of that format writes
     (wal / segment_name(5)).write_bytes(head + struct.pack("<I", crc32c(head)))
-    with pytest.raises(WALCorruption, match="format 2 after one of format 3") as info:
+    with pytest.raises(WALCorruption, match=f"format {older} after one of format 4") as info:
         async with opened(wal, Clock(LATER)):
             pass  # pragma: no cover
     assert info.value.path == str(wal / segment_name(5))
+
+
+# ------------------------------------------------------------ format 3
+
+
+async def test_a_format_3_log_opens_with_every_job_as_it_was(tmp_path: Path) -> None:
+    wal = v3_log(tmp_path)
+    assert versions(wal) == {2: 3, 3: 3}
+    async with opened(wal, Clock(LATER)) as store:
+        assert store.recovery is not None
+        assert store.recovery.versions == {2: 3, 3: 3}
+        assert store.recovery.checkpoints_seen == 1
+        for name, want in EXPECTED_V3.items():
+            if want["state"] == "evicted":  # its DROP record replayed
+                with pytest.raises(JobNotFound):
+                    await store.get(want["id"])
+                continue
+            got = (await store.get(want["id"])).to_dict()
+            # Running at the "crash": ready again, same epoch, uncounted; errors,
+            # tracebacks and all. The fields format 4 added: their defaults.
+            state = "ready" if want["state"] == "running" else want["state"]
+            assert got == {**want, **NO_LABELS, "state": state}, name
+        assert await store.paused() == []
+        assert store._table is not None
+        snoozes = {name: store._table.entry(IDS_V3[name]).snoozes for name in ("a_snoozed", "b_snoozed", "a_done")}
+        assert snoozes == {"a_snoozed": 1, "b_snoozed": 2, "a_done": 0}  # from an ENTRY row, from SNOOZE records
+        dead = await store.get(IDS_V3["b_no_retry"])
+        assert (dead.state, dead.attempts, dead.errors) == (
+            JobState.DEAD,
+            1,
+            (FailedAttempt(1, "NoRetry: no", "Traceback (b_no_retry)", START + 4003.0),),
+        )
+        (same_a, same_b) = await store.add([new_job(Clock(LATER), key="key-a"), new_job(Clock(LATER), key="key-b")])
+        assert (same_a.id, same_b.id) == (IDS_V3["a_ready"], IDS_V3["b_keyed"])
+
+
+async def test_a_format_3_log_goes_on_in_format_4_and_its_checkpoint_drops_it(tmp_path: Path) -> None:
+    wal = v3_log(tmp_path)
+    clock = Clock(LATER)
+    async with opened(wal, clock) as store:
+        (labelled,) = await store.add([NewJob("t", {"n": 1}, 0, None, 3, 0.0, "email", "acme", 60.0)])
+        assert await store.pause("email")
+        jobs = {job_id: await store.get(job_id) for job_id in IDS_V3.values() if job_id != IDS_V3["a_evicted"]}
+    assert versions(wal) == {2: 3, 3: 3, 4: 4}
+    assert (wal / segment_name(3)).read_bytes() == (DATA / "wal_v3" / segment_name(3)).read_bytes()
+    for _ in range(2):  # replayed from the format-4 records, then from a checkpoint of them
+        async with opened(wal, clock) as store:
+            assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
+            got = await store.get(labelled.id)
+            assert (got.queue, got.tenant, got.deadline) == ("email", "acme", LATER + 60.0)
+            assert await store.paused() == ["email"]
+            await store.checkpoint()
+    assert versions(wal) == {8: 4}  # 5 and 7: each session's first segment, 6 and 8 its checkpoint
+
+
+def test_the_format_3_fixture_is_what_its_docstring_says() -> None:
+    # Every record type format 3 has, a checkpoint, ENTRY rows with errors and
+    # snoozes, and nothing of format 4: no trailing ADD field, no type above 12.
+    kinds: set[int] = set()
+    for segment in sorted((DATA / "wal_v3").glob("*.wal")):
+        scan = scan_segment(str(segment))
+        assert scan.version == 3 and scan.damage is None
+        for kind, payload, _ in scan.committed():
+            kinds.add(kind)
+            if kind == COMMIT:
+                continue
+            fields = msgspec.msgpack.decode(payload)
+            if kind == ADD:
+                assert len(fields) == 8
+            if kind == ENTRY:
+                assert len(fields) == 17
+            if kind == CHECKPOINT_BEGIN:
+                assert len(fields) == 1
+    assert kinds == {*range(1, 13), COMMIT}
 
 
 def _sinks() -> tuple[io.StringIO, io.StringIO]:
@@ -220,7 +338,10 @@ SAMPLES: list[tuple[Record, int]] = [
     (Add("j1", "t", RAW, 5, "k", 3, 10.0, 9.0, "emails", "acme", ("smtp",), ("j0",), 99.0, {"trace": "x"}), 14),
     (Add("j1", "t", RAW, 0, None, 1, 10.0, 9.0), 8),
     (Add("j1", "t", RAW, 0, None, 1, 10.0, 9.0, tenant="acme"), 10),
+    (Add("j1", "t", RAW, 0, None, 1, 10.0, 9.0, "email"), 9),
+    (Add("j1", "t", RAW, 0, None, 1, 10.0, 9.0, deadline=70.0), 13),  # as the table store writes a deadline
     (Claim("j1"), 1),
+    (Claim("j1", 11.0), 2),
     (Succeed("j1", 2, {"deep": [1, {"x": None}]}, 11.0), 4),
     (Succeed("j1", 2, None, 11.0), 4),
     (Fail("j1", 2, "E: x", 12.0, 11.0, "Traceback ..."), 6),
@@ -230,10 +351,17 @@ SAMPLES: list[tuple[Record, int]] = [
     (Retry("j1", 11.0), 2),
     (Drop("j1"), 1),
     (Snooze("j1", 2, 70.0, 11.0), 4),
+    (Expire("j1", 11.0), 2),
+    (Pause("email"), 1),
+    (Resume("email"), 1),
     (Row(*_FULL_ROW), 23),
     (Row("j1", "t", {}, "ready", 0, None, 1, 10.0, 9.0, 4, 0, 0, None, None, None), 15),
     (Row("j1", "t", {}, "ready", 0, None, 1, 10.0, 9.0, 4, 0, 0, None, None, None, snoozes=3), 17),
+    (Row("j1", "t", {}, "ready", 0, None, 1, 10.0, 9.0, 4, 0, 0, None, None, None, queue="email"), 18),
+    (Row("j1", "t", {}, "ready", 0, None, 1, 10.0, 9.0, 4, 0, 0, None, None, None, deadline=50.0), 22),
     (CheckpointBegin(7), 1),
+    (CheckpointBegin(7, ("email", "reports")), 2),
+    (CheckpointBegin(7, rates=(("api", 12.5),)), 3),
     (CheckpointEnd(7), 1),
 ]
 
@@ -275,6 +403,19 @@ def test_format_2_shaped_records_decode_with_their_new_fields_at_the_defaults() 
         decode_record(FAIL, msgspec.msgpack.encode(("j1", 2, "E: x", None)))  # `now` is required
 
 
+def test_a_queue_left_off_decodes_as_the_default_object_itself() -> None:
+    # What replay's hot path relies on: an ADD whose queue is the struct's own
+    # default object has no trailing field at all (tested by identity, not
+    # equality); one that writes the queue, even "default", has a new string.
+    from trioq.stores.wal._recovery import _DEFAULT_QUEUE
+
+    short = decode_record(ADD, msgspec.msgpack.encode(("j1", "t", RAW, 0, None, 1, 10.0, 9.0)))
+    assert isinstance(short, Add) and short.queue is _DEFAULT_QUEUE
+    for fields in (("default",), ("default", "acme"), ("default", None, (), (), 5.0)):
+        added = decode_record(ADD, msgspec.msgpack.encode(("j1", "t", RAW, 0, None, 1, 10.0, 9.0, *fields)))
+        assert isinstance(added, Add) and added.queue == "default" and added.queue is not _DEFAULT_QUEUE
+
+
 def test_writing_a_record_as_a_tuple_or_a_struct_gives_the_same_bytes() -> None:
     fields = ("j1", "t", RAW, 0, None, 3, 10.0, 9.0)  # as TableStore hands an ADD
     assert frame(ADD, fields) == frame_record(Add(*fields))
@@ -299,7 +440,35 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
     monkeypatch.setattr("trioq.stores.table.jobs.MAX_SNOOZES", 1)
     clock = Clock()
     wal = tmp_path / "wal"
-    async with opened(wal, clock, retention=10.0) as store:
+    limits = {"api": Limit("api", rate=1.0), "smtp": Limit("smtp", max=2)}
+    async with opened_limited(wal, clock, limits, retention=10.0) as store:
+        # Limit keys: ADDs of every run of trailing fields with limits, a CLAIM with its
+        # time, a rate's token for the checkpoint's BEGIN; all done before the jobs below.
+        await store.add(
+            [
+                NewJob("t", {"l": 1}, 20, None, 3, 0.0, limits=("api",)),
+                NewJob("t", {"l": 2}, 20, None, 3, 0.0, "email", "acme", 600.0, ("smtp", "api")),
+            ]
+        )
+        limited = await claim(store)
+        assert limited.payload == {"l": 1} and await succeed(store, limited.id, limited.epoch, None)
+        assert await claim_one(store) is None  # {"l": 2}: no token for "api" yet, passed over
+        clock.now += 1.0
+        await store.promote()
+        limited = await claim(store)
+        assert limited.payload == {"l": 2} and await succeed(store, limited.id, limited.epoch, None)
+        # ADDs with each run of trailing fields the table store writes (queue;
+        # queue, tenant; queue, tenant, limits, after, deadline), one to expire.
+        # Priority -1: claimed after every other job.
+        await store.add(
+            [
+                NewJob("t", {"q": 1}, -1, None, 3, 0.0, "email"),
+                NewJob("t", {"q": 2}, -1, None, 3, 0.0, "email", "acme"),
+                NewJob("t", {"q": 3}, -1, None, 3, 0.0, "default", None, 1000.0),
+                NewJob("t", {"q": 4}, -1, None, 3, 0.0, "email", "acme", 1.0),
+            ]
+        )
+        assert await store.pause("email") and await store.pause("reports") and await store.resume("reports")
         await store.add([new_job(clock, n=i, key=f"k{i}") for i in range(6)] + [new_job(clock, delay=50.0)])
         a = await claim(store)
         assert await succeed(store, a.id, a.epoch, {"nested": [1, 2.5, None]})
@@ -320,6 +489,11 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
         e = await claim(store)
         assert await store.complete([Snoozed(e.id, e.epoch, 3.0)]) == [JobState.SCHEDULED]
         await store.cancel((await claim(store)).id)
+        clock.now += 2.0  # past the deadline of {"q": 4}: the next claim's sweep expires it (EXPIRE)
+        expired = [j for j in await store.jobs([JobState.READY], limit=100) if j.payload == {"q": 4}]
+        assert len(expired) == 1
+        await claim(store)
+        assert (await store.get(expired[0].id)).state is JobState.CANCELLED
         await store.sync()
         shutil.copytree(wal, tmp_path / "before-checkpoint")  # which deletes the segments so far
         await store.checkpoint()
@@ -327,6 +501,7 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
         assert await store.evict() >= 1
         await store.sync()
     seen: set[int] = set()
+    lengths: dict[int, set[int]] = {}
     for segment in segments(tmp_path / "before-checkpoint") + segments(wal):
         for kind, payload, _ in scan_segment(str(segment)).committed():
             if kind == COMMIT:
@@ -334,8 +509,15 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
             seen.add(kind)
             record = decode_record(kind, payload)
             written = len(msgspec.msgpack.decode(payload))
+            lengths.setdefault(kind, set()).add(written)
             assert msgspec.msgpack.encode(msgspec.structs.astuple(record)[:written]) == bytes(payload), record
     assert seen == set(RECORDS)
+    # Every run of ADD's and ENTRY's trailing fields, and a BEGIN with paused queues, were among them.
+    assert lengths[ADD] == {8, 9, 10, 11, 13}
+    assert lengths[ENTRY] == {17, 18, 19, 20, 22}
+    assert lengths[CLAIM] == {1, 2}
+    assert lengths[CHECKPOINT_BEGIN] == {3}
+    assert {EXPIRE, PAUSE, RESUME, SNOOZE} <= seen
 
 
 def test_the_format_2_fixture_is_what_its_docstring_says() -> None:
@@ -350,4 +532,4 @@ def test_the_format_2_fixture_is_what_its_docstring_says() -> None:
                 assert len(msgspec.msgpack.decode(payload)) == 5
             if kind == ENTRY:
                 assert len(msgspec.msgpack.decode(payload)) == 15
-    assert kinds == (set(RECORDS) - {Snooze.kind}) | {COMMIT}
+    assert kinds == (set(RECORDS) - {Snooze.kind, Expire.kind, Pause.kind, Resume.kind}) | {COMMIT}

@@ -1,9 +1,10 @@
 """``trioq wal verify`` and ``trioq wal inspect``: read a WAL directory without opening a queue.
 
-Both read every log format this trioq reads (2 and 3; see
-``trioq.stores.wal._format``), and say which formats the segments are in: a
-directory written by an older trioq keeps its format-2 segments until the
-first checkpoint of a newer one.
+Both read every log format this trioq reads (2, 3 and 4; see
+``trioq.stores.wal._format``), every record type of them included (they
+replay the log as an open does, read-only), and say which formats the
+segments are in: a directory written by an older trioq keeps its older
+segments until the first checkpoint of a newer one.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def verify_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.s
 
 
 def _formats(recovery: Recovery) -> str:
-    """`` (format 3)``, or ``(formats 2, 3)`` for a log of both: the formats of the segments replayed."""
+    """`` (format 4)``, or ``(formats 2, 4)`` for a log of both: the formats of the segments replayed."""
     versions = sorted(set(recovery.versions.values()))
     if not versions:
         return ""
@@ -67,7 +68,7 @@ def _formats(recovery: Recovery) -> str:
 
 
 def inspect_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Print job counts per state, the segments with their sizes, and the last checkpoint."""
+    """Print job counts per state, the paused queues, the segments with their sizes, and the last checkpoint."""
     read = _read("inspect", directory, err)
     if isinstance(read, int):
         return read
@@ -77,6 +78,8 @@ def inspect_command(directory: str, out: TextIO = sys.stdout, err: TextIO = sys.
     for state, n in table.counts().items():
         print(f"  {state:<10} {n:>10}", file=out)
     print(f"  {'total':<10} {len(table):>10}", file=out)
+    paused = table.paused()
+    print(f"paused queues: {', '.join(paused) if paused else 'none'}", file=out)
     segments = list_segments(directory)
     total = 0
     print("segments:", file=out)

@@ -22,17 +22,28 @@ blocks (``fsync="always"``), and none otherwise. They let recovery tell a page o
 the last batch that a power cut left unwritten (zeros where the CRC says
 otherwise) from damage (any other mismatch). All integers are little-endian.
 
-Format versions: this trioq writes format 3 (:data:`VERSION`) and reads 2 and
-3 (:data:`READABLE_VERSIONS`); the version is per segment. Both frame and
-commit alike and hold the same record types; format 3 records may carry
-fields format 2 ones lack (a FAIL's traceback, a nil ``retry_at``, an ENTRY's
-errors and snoozes, SNOOZE records; see :mod:`._records`), which a format-2
-reader would misread, hence the new number. A directory written by a trioq
-of format 2 opens as it is (upgrade in place): its segments are read as
-format 2, the new session writes format-3 segments after them, and the first
-checkpoint deletes the old ones. A format-2 segment after a format-3 one is
-corruption (only a trioq of format 2 could have written it, and that trioq
-cannot open the directory once it holds a format-3 segment).
+Format versions: this trioq writes format 4 (:data:`VERSION`) and reads 2, 3
+and 4 (:data:`READABLE_VERSIONS`); the version is per segment. All three
+frame and commit alike. The rule: the number moves whenever a trioq of the
+previous format would misread the new segments, rather than refuse them.
+
+- Format 3 records may carry fields format 2 ones lack (a FAIL's traceback,
+  a nil ``retry_at``, an ENTRY's errors and snoozes) and SNOOZE records.
+- Format 4 writes ADD's and ENTRY's trailing ``queue``, ``tenant``,
+  ``limits`` and ``deadline`` (declared in format 3, never written: a
+  format-3 trioq would decode them and drop them, putting every job in the
+  default queue with no deadline and no limit), a CLAIM's time (for a job
+  holding limit keys) and a checkpoint's paused queues and rate tokens (on
+  CHECKPOINT_BEGIN), which it would ignore, and three new record types,
+  EXPIRE, PAUSE and RESUME (13 to 15, which it would call damage). See
+  :mod:`._records`.
+
+A directory written by a trioq of an older format opens as it is (upgrade in
+place): its segments are read as their format, the new session writes
+format-4 segments after them, and the first checkpoint deletes the old ones.
+A segment of an older format after one of a newer is corruption (only a trioq
+of the older format could have written it, and that trioq cannot open the
+directory once it holds a segment of the newer one).
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ import msgspec
 from crc32c import crc32c
 
 from ..._model import TrioqError
-from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
+from ..table.store import ADD, CANCEL, CLAIM, DROP, EXPIRE, FAIL, PAUSE, RELEASE, RESUME, RETRY, SNOOZE, SUCCEED
 from ._records import CHECKPOINT_BEGIN, CHECKPOINT_END, ENTRY, RECORDS, Record, record_fields
 
 __all__ = [
@@ -60,10 +71,13 @@ __all__ = [
     "COMMIT",
     "DROP",
     "ENTRY",
+    "EXPIRE",
     "FAIL",
     "HEADER_SIZE",
+    "PAUSE",
     "READABLE_VERSIONS",
     "RELEASE",
+    "RESUME",
     "RETRY",
     "SNOOZE",
     "SUCCEED",
@@ -84,9 +98,9 @@ __all__ = [
 
 MAGIC = b"TRIOQWAL"
 #: The format version of the segments this trioq writes.
-VERSION = 3
+VERSION = 4
 #: The format versions it reads (see the module docstring).
-READABLE_VERSIONS = (2, 3)
+READABLE_VERSIONS = (2, 3, 4)
 _HEADER = struct.Struct("<8sHQ")
 _HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
@@ -278,7 +292,8 @@ def _read_header(data: bytes, path: str) -> tuple[int, int]:
     if magic != MAGIC or crc != crc32c(data[: _HEADER.size]):
         raise WALCorruption(f"{path}: not a trioq WAL segment (bad header)", path=path, offset=0)
     if version not in READABLE_VERSIONS:
-        readable = " and ".join(map(str, READABLE_VERSIONS))
+        *older, newest = map(str, READABLE_VERSIONS)
+        readable = f"{', '.join(older)} and {newest}" if older else newest
         raise WALCorruption(
             f"{path}: WAL format version {version}; this trioq reads versions {readable}", path=path, offset=0
         )

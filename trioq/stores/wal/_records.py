@@ -1,4 +1,4 @@
-"""The records of the write-ahead log, one typed struct per record type (log format 3).
+"""The records of the write-ahead log, one typed struct per record type (log format 4).
 
 A record's payload (see :mod:`._format` for the framing) is a msgpack array of
 its struct's fields, in the order declared here: every struct is
@@ -10,13 +10,15 @@ it is.
 Evolving the format: fields are only ever appended, and every field added
 after the first release of a record type has a default. A shorter array
 decodes with the missing trailing fields at their defaults, so a log written
-before a field existed still reads (format-2 records are such shorter arrays:
-no format-2 record needs anything else); a longer one (a later trioq's field)
-decodes with the extra trailing elements ignored. Writers leave trailing
-fields they do not use off (the table store's tuples hold only the fields it
-knows; :func:`record_fields` trims a struct's trailing defaults, which
-``msgspec`` does not do for ``array_like`` structs, jcrist/msgspec#720), so a
-field added and not yet used costs the log nothing.
+before a field existed still reads (format-2 and format-3 records are such
+shorter arrays: neither needs anything else); a longer one (a later trioq's
+field) decodes with the extra trailing elements ignored. Writers leave
+trailing fields they do not use off (the table store's tuples hold only the
+fields it knows, and only up to the last one off its default;
+:func:`record_fields` trims a struct's trailing defaults, which ``msgspec``
+does not do for ``array_like`` structs, jcrist/msgspec#720), so a field at
+its default costs the log nothing: an ADD of the default queue, with no
+tenant and no deadline, is the 8 fields of format 2.
 
 Who writes what: the table store hands each transition's record to
 ``TableStore._record`` as a tuple in its struct's field order, and the writer
@@ -27,14 +29,16 @@ a struct would be encoded with its defaults too (13 bytes more per ADD).
 against its struct. The log writer writes the checkpoint: ENTRY rows are
 ``JobTable.export()``'s tuples, BEGIN and END structs (:func:`._format.frame_record`).
 
-Log format 3 (``VERSION = 3`` in the segment header) records, by type byte
+Log format 4 (``VERSION = 4`` in the segment header) records, by type byte
 (``?`` marks a trailing field with a default, ``| None`` one that may be nil)::
 
     1   ADD      Add        id, task, payload (msgpack, embedded raw), priority, key | None,
                             max_attempts, run_at, now; ? queue = "default", ? tenant = None,
-                            ? limits = [], ? after = [] (parent ids), ? deadline = None,
-                            ? metadata = None
-    2   CLAIM    Claim      id
+                            ? limits = [] (its limit keys), ? after = [] (parent ids; nothing
+                            writes them yet), ? deadline = None (the wall-clock time by which
+                            the job must start, else it expires), ? metadata = None (nothing
+                            writes it yet)
+    2   CLAIM    Claim      id; ? now = None (the claim's time, for a job holding limit keys)
     3   SUCCEED  Succeed    id, epoch, result, now
     4   FAIL     Fail       id, epoch, error, retry_at | None (None: no retry, dead now), now,
                             ? traceback = None
@@ -48,18 +52,35 @@ Log format 3 (``VERSION = 3`` in the segment header) records, by type byte
                             non-scalar one as msgpack bin), error | None; ? errors = []
                             ([attempt, error, traceback | None, finished_at] each),
                             ? snoozes = 0; ? queue, ? tenant, ? limits, ? after, ? deadline,
-                            ? metadata as on ADD
-    10  CHECKPOINT_BEGIN  CheckpointBegin  jobs (the ENTRY records that follow)
+                            ? metadata as on ADD (the deadline stays with the job once it
+                            started, and goes at a retry)
+    10  CHECKPOINT_BEGIN  CheckpointBegin  jobs (the ENTRY records that follow);
+                            ? paused = [] (the paused queues' names, sorted),
+                            ? rates = [] ([key, tat] of each rate's GCRA, sorted)
     11  CHECKPOINT_END    CheckpointEnd    jobs
     12  SNOOZE   Snooze     id, epoch, run_at, now
+    13  EXPIRE   Expire     id, now: a never-claimed job cancelled at ``now`` for its deadline
+    14  PAUSE    Pause      queue: claims stopped taking the queue's jobs
+    15  RESUME   Resume     queue: claims take them again
 
-Format 2 differs only by leaving fields off: its FAIL has no traceback (5
-fields, ``retry_at`` never nil), its ENTRY neither errors nor snoozes (15
-fields), and it has no SNOOZE (trioq before format 3 may also have written
-the longer FAIL and ENTRY and SNOOZE under a version-2 header; they read the
-same). The new fields of ADD and ENTRY (queue, tenant, limits, after,
-deadline, metadata) are room for what is coming: nothing writes them yet, and
-replay ignores them (the job table has no such fields yet).
+The paused queues and the rates' tokens are a table's state like its jobs,
+so a checkpoint carries them, on its BEGIN: replay sets them up right where
+it clears the table (BEGIN is where the table is rebuilt from), before any
+ENTRY, and END stays a plain count. A checkpoint is one committed batch, so
+which of the two holds them makes no difference to what a crash can leave.
+(A key's slots need no record: its holders are the running jobs, which the
+ENTRY rows and CLAIM records rebuild.)
+
+Format 3 has none of ADD's and ENTRY's trailing fields after ``snoozes`` in
+use (they were declared, never written), no CLAIM time, no paused queues or
+rates on BEGIN, and no EXPIRE, PAUSE or RESUME (a pre-release tree that wrote
+some of them under a version-3 header reads the same). Format 2 also leaves
+fields off: its FAIL has no traceback (5 fields, ``retry_at`` never nil), its
+ENTRY neither errors nor snoozes (15 fields), and it has no SNOOZE (trioq
+before format 3 may also have written the longer FAIL and ENTRY and SNOOZE
+under a version-2 header; they read the same). Both read through these structs as they are: their jobs come
+back in the default queue, with no tenant, no deadline and no limit key, and no
+queue paused. Nothing writes ``after`` or ``metadata`` yet, and replay ignores them.
 """
 
 from __future__ import annotations
@@ -69,7 +90,20 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
+from ..table.store import (
+    ADD,
+    CANCEL,
+    CLAIM,
+    DROP,
+    EXPIRE,
+    FAIL,
+    PAUSE,
+    RELEASE,
+    RESUME,
+    RETRY,
+    SNOOZE,
+    SUCCEED,
+)
 
 __all__ = [
     "CHECKPOINT_BEGIN",
@@ -82,9 +116,12 @@ __all__ = [
     "CheckpointEnd",
     "Claim",
     "Drop",
+    "Expire",
     "Fail",
+    "Pause",
     "Record",
     "Release",
+    "Resume",
     "Retry",
     "Row",
     "Snooze",
@@ -93,7 +130,7 @@ __all__ = [
     "record_fields",
 ]
 
-# The table's transitions are types 1 to 8 and 12 (trioq/stores/table/store.py);
+# The table's transitions are types 1 to 8 and 12 to 15 (trioq/stores/table/store.py);
 # a checkpoint is BEGIN (the table is rebuilt from here), one ENTRY per job, END.
 ENTRY, CHECKPOINT_BEGIN, CHECKPOINT_END = 9, 10, 11
 
@@ -113,9 +150,13 @@ class Add(Record, array_like=True, gc=False, frozen=True):
     """ADD: a job was enqueued (``JobTable.add_packed``'s arguments).
 
     ``payload`` is the msgpack the table keeps, embedded as it is (never
-    decoded on replay). The fields after ``now`` are for what is coming (named
-    queues, tenants, concurrency limits, dependencies, deadlines, metadata):
-    no trioq writes them yet, and replay ignores them.
+    decoded on replay). ``queue`` names the job's queue, ``tenant`` whom it
+    runs for, ``limits`` its limit keys, ``deadline`` the absolute wall-clock
+    time (seconds, as ``now``) by which it must have started, else it expires
+    (EXPIRE); ``None``: never. Written from format 4, and left off while at
+    their defaults. ``after`` and ``metadata`` are for what is coming
+    (dependencies, metadata): no trioq writes them yet (the table store writes
+    ``()`` for ``after`` when a deadline follows it), and replay ignores them.
     """
 
     kind: ClassVar[int] = ADD
@@ -136,10 +177,16 @@ class Add(Record, array_like=True, gc=False, frozen=True):
 
 
 class Claim(Record, array_like=True, gc=False, frozen=True):
-    """CLAIM: the job went ``running`` under its next epoch."""
+    """CLAIM: the job went ``running`` under its next epoch.
+
+    ``now``: the claim's time, written (format 4) for a job holding limit
+    keys only, so replay takes its rate tokens again (``JobTable.claim``);
+    ``None`` for any other job, and in older logs.
+    """
 
     kind: ClassVar[int] = CLAIM
     id: str
+    now: float | None = None
 
 
 class Succeed(Record, array_like=True, gc=False, frozen=True):
@@ -208,12 +255,42 @@ class Snooze(Record, array_like=True, gc=False, frozen=True):
     now: float
 
 
+class Expire(Record, array_like=True, gc=False, frozen=True):
+    """EXPIRE: the never-claimed job passed its deadline and was cancelled at ``now``, its error saying so (format 4).
+
+    A sweep (``JobTable.expire_due``, from a claim or a promote) makes these;
+    replay applies them through ``JobTable.expire``, which sets the same
+    error text from the job's ``created_at`` and deadline.
+    """
+
+    kind: ClassVar[int] = EXPIRE
+    id: str
+    now: float
+
+
+class Pause(Record, array_like=True, gc=False, frozen=True):
+    """PAUSE: claims stopped taking the jobs of ``queue`` (they stay ready) (format 4)."""
+
+    kind: ClassVar[int] = PAUSE
+    queue: str
+
+
+class Resume(Record, array_like=True, gc=False, frozen=True):
+    """RESUME: claims take the jobs of the paused ``queue`` again (format 4)."""
+
+    kind: ClassVar[int] = RESUME
+    queue: str
+
+
 class Row(Record, array_like=True, gc=False, frozen=True):
     """ENTRY: one job of a checkpoint, as ``JobTable.export()`` makes and ``JobTable.restore`` takes it.
 
     ``errors`` and ``snoozes`` are new in format 3. The fields after them are
-    ADD's new ones, for a job's whole life (nothing writes them yet; replay
-    ignores them).
+    ADD's trailing ones, for a job's whole life: ``queue``, ``tenant``,
+    ``limits`` and ``deadline`` (an absolute wall-clock time) are written from
+    format 4, left off while at their defaults; ``after`` and ``metadata`` are
+    not written yet (``()`` for ``after`` before a deadline), and replay
+    ignores them.
     """
 
     kind: ClassVar[int] = ENTRY
@@ -243,10 +320,19 @@ class Row(Record, array_like=True, gc=False, frozen=True):
 
 
 class CheckpointBegin(Record, array_like=True, gc=False, frozen=True):
-    """CHECKPOINT_BEGIN: the table is rebuilt from here, from the ``jobs`` ENTRY records that follow."""
+    """CHECKPOINT_BEGIN: the table is rebuilt from here, from the ``jobs`` ENTRY records that follow.
+
+    ``paused``: the queues paused at the checkpoint, sorted. ``rates``:
+    ``(key, tat)`` of each limit key whose rate has taken tokens, sorted
+    (its GCRA's theoretical arrival time, wall clock: the tokens the claims
+    before the checkpoint took, which its ENTRY rows do not say). Both format
+    4; a format-3 checkpoint has neither, and there was neither then.
+    """
 
     kind: ClassVar[int] = CHECKPOINT_BEGIN
     jobs: int
+    paused: tuple[str, ...] = ()
+    rates: tuple[tuple[str, float], ...] = ()
 
 
 class CheckpointEnd(Record, array_like=True, gc=False, frozen=True):
@@ -256,11 +342,12 @@ class CheckpointEnd(Record, array_like=True, gc=False, frozen=True):
     jobs: int
 
 
+_STRUCTS: tuple[type[Record], ...] = (
+    Add, Claim, Succeed, Fail, Release, Cancel, Retry, Drop, Row, CheckpointBegin, CheckpointEnd, Snooze,
+    Expire, Pause, Resume,
+)  # fmt: skip
 #: Every record struct by its type byte.
-RECORDS: dict[int, type[Record]] = {
-    cls.kind: cls
-    for cls in (Add, Claim, Succeed, Fail, Release, Cancel, Retry, Drop, Row, CheckpointBegin, CheckpointEnd, Snooze)
-}
+RECORDS: dict[int, type[Record]] = {cls.kind: cls for cls in _STRUCTS}
 
 _DECODERS: dict[int, Callable[[bytes | memoryview], Record]] = {
     kind: msgspec.msgpack.Decoder(cls).decode for kind, cls in RECORDS.items()

@@ -1,9 +1,17 @@
 """Recovery: replay a WAL directory through the job table.
 
 Each record is decoded through its typed struct (``_records``) and applied
-through the table method that made it. Segments of log formats 2 and 3 read
-alike (format 2 records are shorter arrays of the same structs); a log may
-hold format-2 segments followed by format-3 ones (see ``_format``).
+through the table method that made it: ADD through ``add_packed`` (queue,
+tenant, limit keys and deadline included), CLAIM through ``claim`` (with its
+time, which takes the rate tokens of a job holding limit keys: the table's
+``limits.limit_of`` should be set before replay), EXPIRE through ``expire``,
+PAUSE and RESUME through ``pause`` and ``resume``; a checkpoint's BEGIN
+clears the table, pauses its queues and sets its rates' state, and its ENTRY
+rows go through ``restore``. Segments of log
+formats 2, 3 and 4 read alike (older records are shorter arrays of the same
+structs, their jobs in the default queue with no tenant and no deadline); a
+log may hold segments of an older format followed by newer ones (see
+``_format``).
 
 Rules (DESIGN.md section 5): damage after the last commit marker of the last
 segment is a write that never finished, so it is truncated (with a warning
@@ -69,13 +77,14 @@ import gc
 import itertools
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 import attrs
 import msgspec
 
 from ..table.jobs import JobTable
-from ..table.store import ADD, CANCEL, CLAIM, DROP, FAIL, RELEASE, RETRY, SNOOZE, SUCCEED
+from ..table.store import ADD, CANCEL, CLAIM, DROP, EXPIRE, FAIL, PAUSE, RELEASE, RESUME, RETRY, SNOOZE, SUCCEED
 from ._format import (
     CHECKPOINT_BEGIN,
     CHECKPOINT_END,
@@ -96,8 +105,11 @@ from ._records import (
     CheckpointBegin,
     Claim,
     Drop,
+    Expire,
     Fail,
+    Pause,
     Release,
+    Resume,
     Retry,
     Row,
     Snooze,
@@ -160,12 +172,20 @@ _release_record = msgspec.msgpack.Decoder(Release).decode
 _cancel_record = msgspec.msgpack.Decoder(Cancel).decode
 _retry_record = msgspec.msgpack.Decoder(Retry).decode
 _drop_record = msgspec.msgpack.Decoder(Drop).decode
+_expire_record = msgspec.msgpack.Decoder(Expire).decode
+_pause_record = msgspec.msgpack.Decoder(Pause).decode
+_resume_record = msgspec.msgpack.Decoder(Resume).decode
 _entry_record = msgspec.msgpack.Decoder(Row).decode
+#: The default queue as ADD and ENTRY decode it when the field is left off (the
+#: struct's default object itself; one written, even "default", decodes to a new
+#: string): ``is`` tells a record whose array stopped before its queue.
+_DEFAULT_QUEUE = next(f.default for f in msgspec.structs.fields(Add) if f.name == "queue")
+_intern = sys.intern
 
 
 def _claim(table: JobTable, payload: memoryview) -> bool:
     r = _claim_record(payload)
-    table.claim(r.id)
+    table.claim(r.id, r.now)
     return True
 
 
@@ -206,12 +226,34 @@ def _drop(table: JobTable, payload: memoryview) -> bool:
     return True
 
 
+def _expire(table: JobTable, payload: memoryview) -> bool:
+    r = _expire_record(payload)
+    table.expire(r.id, r.now)
+    return True
+
+
+def _pause(table: JobTable, payload: memoryview) -> bool:
+    # The store logs a pause (a resume) only when it changes something: a PAUSE of a
+    # queue paused already (a RESUME of one running) means the log diverged.
+    return table.pause(_pause_record(payload).queue)
+
+
+def _resume(table: JobTable, payload: memoryview) -> bool:
+    return table.resume(_resume_record(payload).queue)
+
+
 def _entry(table: JobTable, payload: memoryview) -> bool:
     r = _entry_record(payload)
-    # queue .. metadata: not in the table yet (see _records.Row).
+    queue, tenant = r.queue, r.tenant
+    if queue is not _DEFAULT_QUEUE:  # one string object per name, as for ADD (see _replay)
+        queue = _intern(queue)
+    if tenant is not None:
+        tenant = _intern(tenant)
+    # metadata: not in the table yet (see _records.Row); limits and after it takes and ignores.
     table.restore(
         r.id, r.task, r.payload, r.state, r.priority, r.key, r.max_attempts, r.run_at, r.created_at, r.seq,
-        r.attempts, r.epoch, r.finished_at, r.result, r.error, r.errors, r.snoozes,
+        r.attempts, r.epoch, r.finished_at, r.result, r.error, r.errors, r.snoozes, queue, tenant, r.limits,
+        r.after, r.deadline,
     )  # fmt: skip
     return True
 
@@ -222,6 +264,9 @@ def _checkpoint_end(table: JobTable, payload: memoryview) -> bool:
 
 #: The replay of each record type but ADD and CHECKPOINT_BEGIN (see _replay).
 _REPLAY: dict[int, Callable[[JobTable, memoryview], bool]] = {
+    EXPIRE: _expire,
+    PAUSE: _pause,
+    RESUME: _resume,
     CLAIM: _claim,
     SUCCEED: _succeed,
     FAIL: _fail,
@@ -289,6 +334,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
     before: tuple[str, int] | None = None
     shared: dict[str, str] = {}
     shared_bytes: dict[bytes, bytes] = {}
+    shared_limits: dict[tuple[str, ...], tuple[str, ...]] = {}
     # The format of the segment read before (formats only go up along a log; see _format).
     newest_version, newest_segment = 0, 0
     for index, (number, path) in enumerate(segments):
@@ -337,7 +383,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _batches_missing(directory, before, recovery.last_batch, first[0], path)
         previous_batch: int | None = None
         batch_start = HEADER_SIZE  # where the next batch must begin: its records are contiguous
-        add_packed, decode_add, replayers = table.add_packed, _decode_add, _REPLAY
+        add_packed, decode_add, replayers, default_queue = table.add_packed, _decode_add, _REPLAY, _DEFAULT_QUEUE
         for kind, payload, offset in scan.committed():
             if kind == COMMIT:
                 batch, start, _ = commit_info(payload)
@@ -349,18 +395,43 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                 if kind == ADD:
                     # ADD dominates a log: its payload stays msgpack bytes
                     # (decoded only when the job first runs), no snapshot.
-                    # queue .. metadata: not in the table yet (see _records.Add).
+                    # limits, after, metadata: not in the table yet (see _records.Add).
                     r = decode_add(payload)
-                    # One object per distinct task name and small payload, as
-                    # enqueue shares them: ~90 bytes per job at a million jobs.
+                    # One object per distinct task name, queue, tenant, limit keys and
+                    # small payload, as enqueue shares them: ~90 bytes per job at a million jobs.
                     task, packed = r.task, bytes(r.payload)
                     task = shared.setdefault(task, task)
                     if len(packed) <= 16:
                         packed = shared_bytes.setdefault(packed, packed)
-                    applied = add_packed(r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now) is None
+                    queue = r.queue
+                    if queue is default_queue:
+                        # The struct's own default object: the array stopped before the
+                        # queue, so every later field is at its default too (a queue
+                        # written, even "default", decodes to a new string). The hot path:
+                        # one test instead of four (~1% of an ADD's replay).
+                        applied = add_packed(
+                            r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now
+                        ) is None  # fmt: skip
+                    else:
+                        queue = shared.setdefault(queue, queue)
+                        tenant = r.tenant
+                        if tenant is not None:
+                            tenant = shared.setdefault(tenant, tenant)
+                        limits = r.limits
+                        if limits:
+                            limits = shared_limits.setdefault(limits, limits)
+                        applied = add_packed(
+                            r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now, queue, tenant,
+                            r.deadline, limits,
+                        ) is None  # fmt: skip
                 elif kind == CHECKPOINT_BEGIN:
-                    jobs = _decode_begin(payload).jobs
-                    table.clear()
+                    begin = _decode_begin(payload)
+                    jobs = begin.jobs
+                    table.clear()  # no queue paused either, no rate's token taken
+                    for name in begin.paused:
+                        table.pause(name)
+                    if begin.rates:
+                        table.limits.tat.update(begin.rates)
                     applied = True
                     recovery.checkpoints_seen += 1
                     recovery.last_checkpoint = (number, jobs)

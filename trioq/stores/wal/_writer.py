@@ -38,7 +38,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -179,7 +179,10 @@ class LogWriter:
 
     ``export`` returns the fields of one ENTRY record (``_records.Row``) per
     job of the table at the moment it is called (a checkpoint); ``live`` returns how many jobs
-    that would be, cheaply (to decide whether a checkpoint pays).
+    that would be, cheaply (to decide whether a checkpoint pays); ``paused`` the names of the
+    paused queues, sorted, and ``rates`` each rate-limited key's ``(key, tat)``, sorted, which
+    the checkpoint's BEGIN carries (called right after ``export``, with no await between:
+    all three are the table of one moment).
     """
 
     def __init__(
@@ -193,12 +196,16 @@ class LogWriter:
         export: Callable[[], list[tuple[object, ...]]],
         live: Callable[[], int],
         last_batch: int = 0,
+        paused: Callable[[], Sequence[str]] = tuple,
+        rates: Callable[[], Sequence[tuple[str, float]]] = tuple,
     ) -> None:
         self.directory = directory
         self.fsync = fsync
         self.segment_size = segment_size
         self._export = export
         self._live = live
+        self._paused = paused
+        self._rates = rates
         self._pending: list[bytes] = []
         #: Whether every pending record is lazy (nobody waits for them yet),
         #: and since when some have been waiting.
@@ -610,6 +617,7 @@ class LogWriter:
             await self._io(self._start_segment, self._segment + 1, b"")
             return False
         entries = self._export()
+        paused, rates = tuple(self._paused()), tuple(self._rates())
         # Everything pending now was applied to the table before export():
         # the checkpoint holds it, so those records need not be written again.
         stolen, batch = self._pending, self._batch
@@ -618,7 +626,7 @@ class LogWriter:
         self._inflight = batch
         self._batch_no += 1
         # ENTRY rows are the table's export() tuples, in _records.Row's field order.
-        frames = [frame_record(CheckpointBegin(len(entries)))]
+        frames = [frame_record(CheckpointBegin(len(entries), paused, rates))]
         frames.extend(frame(ENTRY, fields) for fields in entries)
         frames.append(frame_record(CheckpointEnd(len(entries))))
         body = b"".join(frames)

@@ -81,9 +81,12 @@ class WALStore(TableStore):
     Scheduled jobs keep their ``run_at``, attempts, epochs and keys. One process
     owns a directory at a time (:class:`~trioq.WALLocked` otherwise).
 
-    The log is in format 3 (typed records, ``_records``); a directory an older
-    trioq wrote in format 2 opens as it is, and its segments go at the first
-    checkpoint (see ``_format``).
+    The log is in format 4 (typed records, ``_records``): every transition,
+    a job's queue, tenant, limit keys and deadline, a deadline's expiry,
+    pausing and resuming a queue (paused queues stay paused across a reopen
+    and a checkpoint), and the claims' times that a rate's tokens are rebuilt
+    from (a checkpoint carries the rates' state). A directory an older trioq wrote in format 2 or 3 opens as it
+    is, and its segments go at the first checkpoint (see ``_format``).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: str = "always", segment_size: int = 64 * MiB) -> None:
@@ -106,6 +109,8 @@ class WALStore(TableStore):
         lock = _DirectoryLock(self.path)
         try:
             table = JobTable(retention=config.retention, max_retained=sys.maxsize)
+            # Replayed claims take their rate tokens again: the limits must be known first.
+            table.limits.limit_of = config.limits
             if virtual_time():  # see virtual_time(): no clock jumps during replay
                 recovery = replay(self.path, table)
             else:
@@ -155,6 +160,8 @@ class WALStore(TableStore):
             old_segments=recovery.segments,
             export=self._export,
             live=live,
+            paused=self._paused_queues,
+            rates=self._rates,
         )
 
     def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> int:
@@ -183,6 +190,16 @@ class WALStore(TableStore):
     def _export(self) -> list[tuple[Any, ...]]:
         assert self._table is not None
         return self._table.export()
+
+    def _paused_queues(self) -> list[str]:
+        """The paused queues, sorted, for a checkpoint (the writer calls it right after :meth:`_export`)."""
+        assert self._table is not None
+        return self._table.paused()
+
+    def _rates(self) -> list[tuple[str, float]]:
+        """Each rate-limited key's GCRA state ``(key, tat)``, sorted, for a checkpoint (see :meth:`_paused_queues`)."""
+        assert self._table is not None
+        return sorted(self._table.limits.tat.items())
 
     async def checkpoint(self) -> None:
         """Write a checkpoint now and delete the older segments."""
