@@ -17,13 +17,15 @@ import msgspec
 from ..._model import FailedAttempt, InvalidJob, Job, JobState
 from ..table.jobs import pack_payload, stored_result
 
-__all__ = ["COLUMNS", "encode_payload", "encode_result", "job_from_row", "loads"]
+__all__ = ["COLUMNS", "WIDTH", "encode_payload", "encode_result", "job_from_row", "loads"]
 
 #: The select list every snapshot is read with, in :func:`job_from_row`'s order.
 COLUMNS = (
     "id, task, payload::text, state, attempts, epoch, priority, key, max_attempts, run_at, created_at,"
-    " finished_at, result::text, error, errors::text"
+    " finished_at, result::text, error, errors::text, queue, tenant, deadline, limits"
 )
+#: How many columns :data:`COLUMNS` selects: a statement that selects more after them finds them from here on.
+WIDTH = 19
 
 _STATES = {state.value: state for state in JobState}
 #: The longest JSON text a column takes: PostgreSQL's 1 GB field limit, less room for the row.
@@ -51,6 +53,10 @@ def job_from_row(row: Sequence[Any]) -> Job:
         None if row[12] is None else loads(row[12]),
         row[13],
         tuple(FailedAttempt(*e) for e in loads(errors)) if errors is not None else (),
+        row[15],
+        row[16],
+        row[17],
+        tuple(row[18]) if row[18] else (),
     )
 
 
@@ -84,6 +90,14 @@ def _fits(text: bytes, field: str) -> str:
             field=field,
         )
     return text.decode()
+
+
+def encode_limits(limits: Sequence[str]) -> str | None:
+    """A job's limit keys as a ``text[]`` literal (``None`` for none): arrays of arrays of differing
+    lengths cannot travel as one parameter, a column of literals can."""
+    if not limits:
+        return None
+    return "{" + ",".join('"' + k.replace("\\", "\\\\").replace('"', '\\"') + '"' for k in limits) + "}"
 
 
 def encode_errors(errors: Sequence[tuple[int, str, str | None, float]]) -> str:

@@ -62,6 +62,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE {s}.admission (id integer PRIMARY KEY)",
         "INSERT INTO {s}.admission VALUES (1)",
     ),
+    (
+        # Limit keys: the keys a job holds while it runs; a ready job passed over for one is parked
+        # (``parked``: until when, 'Infinity' for a slot; ``parked_key``: the full key it waits on), and
+        # the claims' indexes leave it out until it is unparked. A job of version 1 holds no key.
+        "ALTER TABLE {s}.jobs ADD COLUMN limits text[] NOT NULL DEFAULT '{{}}'",
+        "ALTER TABLE {s}.jobs ADD COLUMN parked double precision",
+        "ALTER TABLE {s}.jobs ADD COLUMN parked_key text",
+        "DROP INDEX {s}.jobs_ready",
+        "CREATE INDEX jobs_ready ON {s}.jobs (priority DESC, run_at, seq) WHERE state = 'ready' AND parked IS NULL",
+        # Parked jobs: by when they are due (promote), and by the key whose slot they wait for, best first.
+        "CREATE INDEX jobs_parked ON {s}.jobs (parked) WHERE state = 'ready' AND parked IS NOT NULL",
+        "CREATE INDEX jobs_blocked ON {s}.jobs (parked_key, priority DESC, run_at, seq)"
+        " WHERE state = 'ready' AND parked_key IS NOT NULL",
+        # A key's slots are counted from the running attempts that hold it: no counter a crash can leave.
+        "CREATE INDEX jobs_holding ON {s}.jobs USING gin (limits) WHERE state = 'running' AND limits <> '{{}}'",
+        # The count, one GIN probe per key. A GIN index is read by bitmap scans only, which trioq's
+        # connections disable (see store._PLANNER): the function turns them on for its own statement.
+        "CREATE FUNCTION {s}.limit_holders(keys text[]) RETURNS TABLE (key text, held bigint) LANGUAGE sql STABLE"
+        " SET enable_bitmapscan = on AS $$ SELECT k, (SELECT count(*) FROM {s}.jobs WHERE state = 'running'"
+        " AND limits <> '{{}}' AND limits @> ARRAY[k]) FROM unnest(keys) k $$",
+        # Each rate's GCRA state (its theoretical arrival time), written by the claims that take its tokens.
+        "CREATE TABLE {s}.limit_rates (key text PRIMARY KEY, tat double precision NOT NULL)",
+        # Named queues, tenants and deadlines. A column with a constant default is added without
+        # rewriting the table: every existing job is in the queue "default", with no tenant or deadline.
+        "ALTER TABLE {s}.jobs ADD COLUMN queue text NOT NULL DEFAULT 'default'",
+        "ALTER TABLE {s}.jobs ADD COLUMN tenant text",
+        "ALTER TABLE {s}.jobs ADD COLUMN deadline double precision",
+        # A claim of named queues reads each queue's best ready jobs in order from here (jobs_ready
+        # stays for claims of every queue); a claim of every queue while one is paused walks the
+        # distinct queues through it, skipping the paused one's backlog.
+        "CREATE INDEX jobs_queue_ready ON {s}.jobs (queue, priority DESC, run_at, seq)"
+        " WHERE state = 'ready' AND parked IS NULL",
+        # Deadlines still to enforce: only never-claimed ready or scheduled jobs that have one, so
+        # it is empty (and its probes free) while nobody uses deadlines.
+        "CREATE INDEX jobs_deadline ON {s}.jobs (deadline)"
+        " WHERE deadline IS NOT NULL AND epoch = 0 AND state IN ('ready', 'scheduled')",
+        # One row per paused queue, for every node: claims skip its jobs until it is resumed.
+        "CREATE TABLE {s}.paused (queue text PRIMARY KEY, paused_at double precision NOT NULL)",
+    ),
 )
 
 #: The version a store of this trioq expects.

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..._model import Job, JobNotFound, JobState
+from ..._model import InvalidJob, Job, JobNotFound, JobState, Limit, label_problem
 from ..._validate import number
 from .._base import (
     CancelResult,
@@ -32,6 +32,7 @@ from .._base import (
     Succeeded,
 )
 from ..table.store import _checked
+from . import _limits
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
@@ -162,8 +163,17 @@ class PostgresStore:
         self.leader_ttl = min(LEADER_TTL, self.lease / 2)
         self._lease_until = -math.inf
         self._claims = 0
-        #: The earliest run_at of a scheduled job this store knows of: a claim past it promotes first.
+        #: The earliest run_at of a scheduled job, or deadline of a never-claimed one, this store knows of:
+        #: a claim past it promotes (and expires) first.
         self._due = math.inf
+        #: The queues this store believes paused (its own pauses, and what promote read): while any is,
+        #: a claim of every queue walks the queues instead of reading ``jobs_ready`` past their jobs.
+        #: Only the plan depends on it; every claim reads the pauses themselves.
+        self._paused_known: set[str] = set()
+        #: Whether a deadline may be pending (one of this node's, or one promote or a claim saw): claims
+        #: then read the next deadline too, to hear of other nodes' in time.
+        self._deadlines_used = False
+        self._claim_queues: tuple[object, list[str] | None] = (None, None)
         self._last_notify = -math.inf
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
@@ -233,6 +243,10 @@ class PostgresStore:
         from psycopg_pool import ConnectionPool
 
         self._config = config
+        # What was due, paused or used before is not known: the first claim promotes first, and learns.
+        self._due = -math.inf
+        self._paused_known = set()
+        self._deadlines_used = False
         pool = ConnectionPool(
             self.dsn,
             min_size=1,
@@ -263,7 +277,7 @@ class PostgresStore:
                 finally:
                     with trio.CancelScope(shield=True):
                         try:
-                            released = await self._call(sql.release_node, config.node)
+                            released = await self._call(_release_node, config.node, config.limits)
                             if released:
                                 self._pending_ready += released
                                 await self._send_notifications()
@@ -483,13 +497,15 @@ class PostgresStore:
         # Node "": every node hears it, this one included (it commits later, out of our sight).
         notify = (self.channel, f"r||{ready}") if ready else None
         found = sql.add(conn, self.schema, rows, now, None, notify)
+        if any(job.deadline is not None for _, job, _ in rows):
+            self._deadlines_used = True  # claims look for due deadlines from now on (a plain flag: any thread)
         return self._added(rows, found, now, announce=False)
 
     def _rows(self, jobs: Sequence[NewJob]) -> list[_Row]:
         rows = []
         for i, job in enumerate(jobs):
             where = "" if len(jobs) == 1 else f"jobs[{i}]."
-            checked = _checked(job, where)
+            checked = _checked(job, where)  # queue, tenant and deadline too
             rows.append((self._ids(), checked, encode_payload(checked.payload, f"{where}payload")))
         return rows
 
@@ -503,14 +519,18 @@ class PostgresStore:
                 continue
             run_at = now + job.delay
             state = _SCHEDULED if run_at > now else _READY
+            deadline = None if job.deadline is None else now + job.deadline
             out.append(
                 Job(job_id, job.task, job.payload, state, 0, 0, job.priority, job.key, job.max_attempts, run_at, now,
-                    None, None, None)
+                    None, None, None, (), job.queue, job.tenant, deadline, job.limits)
             )  # fmt: skip
             if state is _READY:
                 ready += 1
             elif announce and config is not None:
                 self._scheduled(run_at)
+            if deadline is not None and announce and config is not None:
+                self._deadlines_used = True
+                self._scheduled(deadline)  # the timer promotes then, which cancels the job if it has not started
         if announce and config is not None and ready:
             config.on_ready(ready)
         return out
@@ -520,7 +540,8 @@ class PostgresStore:
         limit = request.limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"ClaimRequest.limit must be an int >= 0, got {limit!r}")
-        if limit == 0:
+        queues = self._queues_of(request.queues)
+        if limit == 0 or queues == []:
             await trio.lowlevel.checkpoint()
             return []
         now = config.clock()
@@ -531,22 +552,62 @@ class PostgresStore:
         token = f"{self._claims}"
         tries = 0
         promote = now >= self._due
-        promoted: tuple[int, float | None] = (0, None)
+        walk = queues is None and bool(self._paused_known)
+        probe = self._deadlines_used
+        promoted: tuple[sql.Promoted, list[Job]] | None = None
+        late: list[Job] = []
+        channel, me, watched = self.channel, config.node, config.watched
 
-        def claim(conn: Any, schema: str) -> list[Job]:
-            nonlocal tries, promoted
+        def claim(conn: Any, schema: str) -> sql.Claimed:
+            nonlocal tries, promoted, late, walk, probe
             tries += 1
-            if promote and tries == 1:
-                promoted = sql.promote(conn, schema, now)
-            return sql.claim(conn, schema, request.node, limit, lease_until, token, tries > 1)
+            if promote and tries == 1:  # due run_at or deadlines this node knows of: before picking
+                promoted = _promote(conn, schema, now, channel, me, watched)
+                walk = queues is None and bool(promoted[0].paused)
+                probe = promoted[0].next_deadline is not None
+            claimed = sql.claim(
+                conn, schema, request.node, limit, lease_until, token, tries > 1,
+                now=now, queues=queues, walk=walk, probe=probe, limit_of=config.limits,
+            )  # fmt: skip
+            if claimed.next_deadline is not None and claimed.next_deadline <= now:
+                # Deadlines this node had not heard of (another node's jobs) have come: the claim left those
+                # jobs, and they are cancelled now rather than at the next promote.
+                late = _expire(conn, schema, now, channel, me, watched)
+            return claimed
 
         claim.__name__ = "claim"
-        jobs = await self._call(claim)
-        if promote:
+        claimed = await self._call(claim)
+        if promoted is not None:
             self._promoted(*promoted)
+        if late:
+            self._local_finished(late)
+        if claimed.next_deadline is not None:
+            self._deadlines_used = True
+            if claimed.next_deadline > now:
+                self._due = min(self._due, claimed.next_deadline)
         if lease_until is not None:
             self._lease_until = max(self._lease_until, lease_until)
-        return jobs
+        if claimed.next_unpark is not None:
+            self._scheduled(claimed.next_unpark)  # a job passed over for a rate: promote when its token is due
+        if claimed.more:
+            config.on_ready(1)  # the claim stopped short of its limit with jobs left: claim again
+        return claimed
+
+    def _queues_of(self, queues: Collection[str] | None) -> list[str] | None:
+        """The distinct names of ``queues`` that a job can have, sorted (``None``: every queue). A name no
+        job can have (empty, too long, not UTF-8) matches nothing. The answer for the last tuple is kept:
+        a node asks for the same queues every time."""
+        if queues is None:
+            return None
+        last, names = self._claim_queues
+        if type(queues) is tuple and (queues is last or queues == last):
+            return names
+        if isinstance(queues, str):
+            raise TypeError(f"ClaimRequest.queues must be a tuple of queue names, not a str: {queues!r:.80}")
+        names = sorted({str.__str__(q) for q in queues if label_problem(q) is None})
+        if type(queues) is tuple:
+            self._claim_queues = (queues, names)
+        return names
 
     async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
         config = self._open()
@@ -570,12 +631,12 @@ class PostgresStore:
                 raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
             named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
-        states, snapshots, scheduled = await self._call(
-            _complete, usable, now, self.channel, config.node, config.watched, retried=True
+        states, snapshots, scheduled, unparked = await self._call(
+            _complete, usable, now, self.channel, config.node, config.watched, config.limits, retried=True
         )
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
-        ready = sum(1 for state in out if state is _READY)
+        ready = sum(1 for state in out if state is _READY) + unparked
         for run_at in scheduled:
             self._scheduled(run_at)
         if ready:
@@ -586,10 +647,10 @@ class PostgresStore:
 
     async def rescue(self) -> int:
         config = self._open()
-        rescued = await self._call(sql.rescue, config.clock())
-        if rescued:
-            config.on_ready(rescued)
-            self._announce(rescued)
+        rescued, unparked = await self._call(_rescue, config.clock(), config.limits)
+        if rescued + unparked:
+            config.on_ready(rescued + unparked)
+            self._announce(rescued + unparked)
         return rescued
 
     async def sync(self, job_id: str | None = None) -> None:
@@ -608,9 +669,14 @@ class PostgresStore:
         if not _usable_id(job_id):
             await trio.lowlevel.checkpoint()
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
-        result, running = await self._call(sql.cancel, job_id, config.clock(), self.channel, config.node, retried=True)
+        result, running, unparked = await self._call(
+            _cancel, job_id, config.clock(), self.channel, config.node, config.limits, retried=True
+        )
         if running is not None:
             config.on_cancel(job_id, running)
+        if unparked:
+            config.on_ready(unparked)
+            self._announce(unparked)
         if result.changed and job_id in config.watched:
             config.on_finished(result.job)
         return result
@@ -626,19 +692,29 @@ class PostgresStore:
 
     async def promote(self) -> float | None:
         config = self._open()
-        promoted, next_run_at = await self._call(sql.promote, config.clock())
-        self._promoted(promoted, next_run_at)
-        return next_run_at
+        done = await self._call(_promote, config.clock(), self.channel, config.node, config.watched)
+        self._promoted(*done)
+        return done[0].next_due
 
-    def _promoted(self, promoted: int, next_run_at: float | None) -> None:
-        self._due = math.inf if next_run_at is None else next_run_at
-        if promoted:
-            self._open().on_ready(promoted)
-            self._announce(promoted)
+    def _promoted(self, done: sql.Promoted, finished: list[Job]) -> None:
+        """What a promote did, told: ready jobs to this node's workers and (soon) the others', the
+        terminal snapshots of watched jobs it cancelled for their deadline; what it read of the next
+        due time and the pauses is kept."""
+        due = done.next_due
+        self._due = math.inf if due is None else due
+        self._paused_known = set(done.paused)
+        self._deadlines_used = done.next_deadline is not None
+        ready = done.promoted + done.unparked
+        if ready:
+            self._open().on_ready(ready)
+            self._announce(ready)
+        self._local_finished(finished)
 
-    def _scheduled(self, run_at: float) -> None:
-        self._due = min(self._due, run_at)
-        self._open().on_scheduled(run_at)
+    def _scheduled(self, at: float) -> None:
+        """A job of this node's is due at ``at`` (its run_at, or its deadline): the timer, and a claim past
+        it, promote then."""
+        self._due = min(self._due, at)
+        self._open().on_scheduled(at)
 
     async def evict(self) -> int:
         config = self._open()
@@ -647,6 +723,35 @@ class PostgresStore:
     async def counts(self) -> dict[str, int]:
         self._open()
         return await self._call(sql.counts)
+
+    async def pause(self, queue: str) -> bool:
+        """Pause ``queue`` for every node (a row every claim reads); whether it was running. Running
+        attempts finish; a name no job could have but that is a valid name (one nobody used yet) is paused
+        all the same. :class:`~trioq.InvalidJob` (``field="queue"``) for a name :func:`label_problem`
+        refuses."""
+        config = self._open()
+        name = _label(queue, "queue")
+        was_running = await self._call(sql.pause, name, config.clock(), retried=True)
+        self._paused_known.add(name)
+        return was_running
+
+    async def resume(self, queue: str) -> bool:
+        """Let every node claim ``queue``'s jobs again; whether it was paused. Wakes this node's workers
+        (``on_ready``) and, by a notification in the same statement, every other node's."""
+        config = self._open()
+        name = _label(queue, "queue")
+        wake = await self._call(sql.resume, name, self.channel, config.node)
+        self._paused_known.discard(name)
+        if wake is None:
+            return False
+        config.on_ready(wake)
+        return True
+
+    async def paused(self) -> list[str]:
+        self._open()
+        names = await self._call(sql.paused)
+        self._paused_known = set(names)
+        return names
 
     async def has_pending(self) -> bool:
         """Whether any job is ready, scheduled or running (what ``join()`` asks; cheaper than :meth:`counts`)."""
@@ -676,12 +781,81 @@ def _complete(
     channel: str,
     node: str,
     watched: Any,
+    limit_of: Callable[[str], Limit | None],
     *,
     retried: bool = False,
-) -> tuple[list[JobState | None], list[Job], list[float]]:
+) -> tuple[list[JobState | None], list[Job], list[float], int]:
     """``complete`` in one worker thread: the outcomes applied, then the snapshots of the watched jobs that
-    finished (read at once: only the leader's eviction may drop them); and the run times of jobs scheduled."""
-    states, finished, scheduled = sql.complete(conn, schema, outcomes, now, channel, node, retried=retried)
+    finished (read at once: only the leader's eviction may drop them); the run times of jobs scheduled;
+    and how many jobs parked on the limit keys of the attempts that ended were let go."""
+    freed: set[str] = set()
+    states, finished, scheduled = sql.complete(conn, schema, outcomes, now, channel, node, retried=retried, freed=freed)
+    unparked = _limits.unpark(conn, schema, freed, limit_of) if freed else 0
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
-    return states, snapshots, scheduled
+    return states, snapshots, scheduled, unparked
+
+
+def _cancel(
+    conn: Any,
+    schema: str,
+    job_id: str,
+    now: float,
+    channel: str,
+    node: str,
+    limit_of: Callable[[str], Limit | None],
+    *,
+    retried: bool = False,
+) -> tuple[CancelResult, int | None, int]:
+    """``cancel`` in one worker thread, and the unparking of the jobs waiting on the keys of the attempt it
+    stopped (how many)."""
+    freed: set[str] = set()
+    result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
+    return result, running, _limits.unpark(conn, schema, freed, limit_of) if freed else 0
+
+
+def _rescue(conn: Any, schema: str, now: float, limit_of: Callable[[str], Limit | None]) -> tuple[int, int]:
+    """``rescue`` in one worker thread: ``(jobs rescued, jobs parked on a key that were let go)``; the
+    unparking owed for every key jobs wait on is checked too (:func:`_limits.repair`: a node that died
+    between an outcome and its unpark)."""
+    freed: set[str] = set()
+    rescued = sql.rescue(conn, schema, now, freed=freed)
+    unparked = _limits.unpark(conn, schema, freed, limit_of) if freed else 0
+    return rescued, unparked + _limits.repair(conn, schema, limit_of)
+
+
+def _release_node(conn: Any, schema: str, node: str, limit_of: Callable[[str], Limit | None]) -> int:
+    """``release_node`` in one worker thread: the jobs released plus those parked on their keys let go."""
+    freed: set[str] = set()
+    released = sql.release_node(conn, schema, node, freed=freed)
+    return released + (_limits.unpark(conn, schema, freed, limit_of) if freed else 0)
+
+
+def _promote(
+    conn: Any, schema: str, now: float, channel: str, node: str, watched: Any
+) -> tuple[sql.Promoted, list[Job]]:
+    """``promote`` in one worker thread, and the terminal snapshots of the watched jobs it cancelled for
+    their deadline (read at once, as ``_complete`` does)."""
+    done = sql.promote(conn, schema, now, channel, node)
+    return done, _watched_snapshots(conn, schema, done.expired, watched)
+
+
+def _expire(conn: Any, schema: str, now: float, channel: str, node: str, watched: Any) -> list[Job]:
+    """``expire`` in one worker thread: the terminal snapshots of the watched jobs it cancelled."""
+    return _watched_snapshots(conn, schema, sql.expire(conn, schema, now, channel, node), watched)
+
+
+def _watched_snapshots(conn: Any, schema: str, ids: Sequence[str], watched: Any) -> list[Job]:
+    wanted = [job_id for job_id in ids if job_id in watched]
+    return sql.watched_terminal(conn, schema, wanted) if wanted else []
+
+
+def _label(value: object, field: str) -> str:
+    """``value`` as a plain ``str`` if it can name a queue (:func:`label_problem`), else
+    :class:`~trioq.InvalidJob` naming ``field``."""
+    problem = label_problem(value)
+    if problem is not None:
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:57]) + "..."
+        raise InvalidJob(f"{field} {shown} cannot be used: {problem}", field=field)
+    assert isinstance(value, str)
+    return str.__str__(value)

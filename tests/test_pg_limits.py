@@ -1,0 +1,267 @@
+"""PostgresStore's limit keys across nodes: slots and rates shared by every node of a schema, slots tied to
+leases, and a blocked backlog that claims step over.
+
+The store-independent behaviour is the conformance suite's (``_cases_policies``); these check what only a
+shared database has: two nodes claiming at once, a node that dies holding a slot, and the plans. Sessions
+run on a fake wall clock (the tests move it).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+import trioq
+from trioq import Job, JobState
+from trioq._model import RATE_SLACK, Limit
+from trioq.stores import ClaimRequest, NewJob, StoreConfig, Succeeded
+from trioq.stores.postgres import _transitions as sql
+
+pytestmark = pytest.mark.slow
+
+START = 1_700_000_000.0
+LIMITS = {
+    "shared": Limit("shared", max=3),
+    "api": Limit("api", rate=8.0, per=1.0, burst=2),
+    "k": Limit("k", max=1),
+    "full": Limit("full", max=1),
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _limit_of(key: str) -> Limit | None:
+    return LIMITS.get(key)
+
+
+@asynccontextmanager
+async def _node(dsn: str, schema: str, clock: Clock, node: str) -> AsyncIterator[trioq.PostgresStore]:
+    store = trioq.PostgresStore(dsn, schema=schema)
+    async with store.session(StoreConfig(clock=clock, node=node, limits=_limit_of)):
+        yield store
+
+
+def _job(*limits: str, priority: int = 0) -> NewJob:
+    return NewJob("t", {}, priority, None, 3, 0.0, "default", None, None, tuple(limits))
+
+
+def _schema() -> str:
+    return f"l_{secrets.token_hex(4)}"
+
+
+def _holding(dsn: str, schema: str, key: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            f"SELECT count(*) FROM {schema}.jobs WHERE state = 'running' AND %s = ANY(limits)", (key,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# ----------------------------------------------------------- the columns
+
+
+async def test_every_insert_path_writes_the_limit_keys(pg_dsn: str) -> None:
+    """The INSERT of a small batch, the COPY of a large one and ``add_tx`` keep each job's keys, in order."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as store:
+        small = await store.add([_job("b", 'we"ird\\key', "a"), _job()])
+        large = await store.add([_job(f"user:{i}", "shared") for i in range(250)])
+
+        def in_transaction() -> list[Job]:
+            with psycopg.connect(pg_dsn) as conn, conn.transaction():
+                return store.add_tx(conn, [_job("tx")], clock.now)
+
+        tx = await trio.to_thread.run_sync(in_transaction)
+        for job in (*small, *large, *tx):
+            assert await store.get(job.id) == job
+        assert small[0].limits == ("b", 'we"ird\\key', "a") and small[1].limits == ()
+        assert large[7].limits == ("user:7", "shared") and tx[0].limits == ("tx",)
+
+
+# ------------------------------------------------------- across nodes
+
+
+async def test_two_nodes_claiming_at_once_never_exceed_a_keys_max(pg_dsn: str) -> None:
+    """Nodes a and b claim and complete in a loop, concurrently, jobs holding "shared" (max 3) mixed with
+    free ones. The recorder counts an attempt from the claim's return to just before its outcome is
+    sent (inside the attempt's true span): it never sees more than 3 hold the key, reaches 3, and
+    every job runs (no job is left parked behind a free slot)."""
+    schema, clock = _schema(), Clock()
+    holding: set[str] = set()
+    most = 0
+    done: list[str] = []
+    async with _node(pg_dsn, schema, clock, "a") as a, _node(pg_dsn, schema, clock, "b") as b:
+        jobs = await a.add([_job("shared") if i % 4 else _job() for i in range(120)])
+        keyed = {job.id for job in jobs if job.limits}
+
+        async def work(store: trioq.PostgresStore, node: str, seed: int) -> None:
+            nonlocal most
+            turn = seed
+            while len(done) < len(jobs):
+                claimed = await store.claim(ClaimRequest(node, 2 + turn % 3))
+                mine = [job for job in claimed if job.id in keyed]
+                holding.update(job.id for job in mine)
+                most = max(most, len(holding))
+                assert len(holding) <= 3, f"{len(holding)} attempts hold 'shared'"
+                await trio.sleep(0.001 * (turn % 3))
+                holding.difference_update(job.id for job in mine)
+                if claimed:
+                    await store.complete([Succeeded(job.id, job.epoch, None) for job in claimed])
+                    done.extend(job.id for job in claimed)
+                else:
+                    await trio.sleep(0.002)
+                turn += 1
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(work, a, "a", 0)
+                nursery.start_soon(work, b, "b", 1)
+        assert sorted(done) == sorted(job.id for job in jobs)
+        assert most == 3
+        assert (await a.counts())["succeeded"] == 120
+
+
+async def test_a_rate_holds_across_two_nodes(pg_dsn: str) -> None:
+    """The key "api" allows 8 starts a second, 2 at once: nodes a and b, each promoting and claiming on every
+    step of the clock, start no more than ``burst + rate * w`` in any window ``w`` between them, and the
+    backlog runs at the rate, not below it (the clock moves in 1/32 s, so every time is exact)."""
+    schema, clock = _schema(), Clock()
+    starts: list[float] = []
+    async with _node(pg_dsn, schema, clock, "a") as a, _node(pg_dsn, schema, clock, "b") as b:
+        await a.add([_job("api") for _ in range(30)])
+
+        async def step(store: trioq.PostgresStore, node: str) -> None:
+            await store.promote()
+            for job in await store.claim(ClaimRequest(node, 5)):
+                starts.append(clock.now)
+                await store.complete([Succeeded(job.id, job.epoch, None)])
+
+        for i in range(4 * 32):
+            clock.now = START + i / 32
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(step, a, "a")
+                nursery.start_soon(step, b, "b")
+    starts.sort()
+    for i, first in enumerate(starts):
+        for j in range(i + 1, len(starts)):
+            window = starts[j] - first
+            assert j - i + 1 <= 2 + 8.0 * (window + RATE_SLACK) + 1e-9, f"{j - i + 1} starts in {window:.3f} s"
+    assert len(starts) == 30
+    assert starts[:3] == [START, START, START + 0.125] and starts[-1] == START + 28 * 0.125  # at the rate
+
+
+async def test_a_dead_nodes_slot_comes_free_only_when_its_lease_is_rescued(pg_dsn: str) -> None:
+    """A node claims a job holding "k" (max 1) and dies (its connection dropped, no session end): the
+    slot stays taken while its lease runs, and is free, with the job waiting on it claimable, once the
+    leader rescues the lease."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "live") as live:
+        first, second = await live.add([_job("k"), _job("k")])
+        with psycopg.connect(pg_dsn, autocommit=True) as dead:  # the node that dies: it claims and vanishes
+            (held,) = sql.claim(dead, schema, "dead", 1, START + 30, "1", False, now=START, limit_of=_limit_of)
+        assert held.id == first.id
+        assert await live.claim(ClaimRequest("live", 5)) == []  # second is passed over (parked)
+        clock.now = START + 20
+        assert await live.rescue() == 0  # the lease still runs: so does the slot
+        assert await live.claim(ClaimRequest("live", 5)) == []
+        assert _holding(pg_dsn, schema, "k") == 1
+        clock.now = START + 31
+        assert await live.rescue() == 1
+        claimed = await live.claim(ClaimRequest("live", 5))
+        assert [job.id for job in claimed] == [first.id]  # the rescued job first (enqueued first); one slot
+        assert (await live.get(second.id)).state is JobState.READY
+        assert _holding(pg_dsn, schema, "k") == 1
+        await live.complete([Succeeded(claimed[0].id, claimed[0].epoch, None)])
+        assert [job.id for job in await live.claim(ClaimRequest("live", 5))] == [second.id]
+
+
+# ----------------------------------------------------------------- plans
+
+
+class _Recording:
+    """A stand-in connection recording each statement a transition sends (it answers no rows)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+
+    def cursor(self, **kwargs: Any) -> _Recording:
+        return self
+
+    def __enter__(self) -> _Recording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self, query: str, params: Any = None, prepare: bool | None = None) -> None:
+        self.sent.append((query, params))
+
+    def fetchall(self) -> list[Any]:
+        return []
+
+
+def _plan(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the claim statement (rolled back)."""
+    recording = _Recording()
+    sql.claim(recording, schema, "n", 10, None, "t", False, now=START, limit_of=_limit_of)
+    (query, params), *_ = [sent for sent in recording.sent if "FOR UPDATE SKIP LOCKED" in sent[0]]
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, prepare=False).fetchone()
+    assert row is not None
+    plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return dict(plan[0]["Plan"])
+
+
+def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if node.get("Relation Name") == "jobs":
+        yield node
+    for child in node.get("Plans", ()):
+        yield from _scans(child)
+
+
+async def test_a_backlog_blocked_on_a_full_key_is_not_read_by_later_claims(pg_dsn: str) -> None:
+    """10,000 jobs holding "full" (max 1, held), ahead in priority of 10 free jobs: the claim that meets
+    them parks them once; from then on a claim of the free jobs is the fast statement, reading a few
+    pages and no parked row, and the backlog moves one job per freed slot."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as store:
+        (holder,) = await store.add([_job("full", priority=9)])
+        (running,) = await store.claim(ClaimRequest("a", 1))
+        await store.add([_job("full", priority=5) for _ in range(10_000)])
+        free = await store.add([_job() for _ in range(20)])
+        first = await store.claim(ClaimRequest("a", 10))  # parks the backlog on its way to the free jobs
+        assert [job.id for job in first] == [job.id for job in free[:10]]
+        with psycopg.connect(pg_dsn, autocommit=True, options="-c enable_bitmapscan=off") as conn:
+            conn.execute(f"ANALYZE {schema}.jobs")
+            # The first scan after the parking visits the index entries of the rows' old versions once
+            # (about 320 pages here) and marks them dead as it goes; later scans step over them (~50
+            # pages) until a vacuum drops them (3 pages). Without parking every claim would read, or
+            # filter, the 10,000 blocked jobs.
+            _plan(conn, schema)
+            plan = _plan(conn, schema)
+            parked = conn.execute(f"SELECT count(*) FROM {schema}.jobs WHERE parked_key = 'full'").fetchone()
+        assert parked == (10_000,)
+        assert plan["Actual Rows"] == 10
+        assert all(scan.get("Rows Removed by Filter", 0) == 0 for scan in _scans(plan))
+        assert sum(scan.get("Actual Rows", 0) for scan in _scans(plan)) <= 30
+        (ready,) = [scan for scan in _scans(plan) if scan.get("Index Name") == "jobs_ready"]
+        assert ready["Shared Hit Blocks"] + ready.get("Shared Read Blocks", 0) < 100
+        # A freed slot lets one job of the backlog go, which the next claim takes.
+        await store.complete([Succeeded(running.id, running.epoch, None)])
+        again = await store.claim(ClaimRequest("a", 20))
+        assert len([job for job in again if job.limits]) == 1 and len(again) == 11
+        assert running.id == holder.id

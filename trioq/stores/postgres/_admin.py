@@ -1,0 +1,153 @@
+"""The transitions an operator asks for by name: cancel and retry a job, pause and resume a queue.
+
+Each is one transaction on one psycopg connection, as in ``_transitions``
+(which re-exports them, so that it still names every transition).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._model import InvalidJob, Job
+from .._base import CancelResult
+from ._rows import COLUMNS, job_from_row
+from ._sql import TERMINAL as _TERMINAL
+from ._sql import cursor as _cur
+from ._sql import not_found as _not_found
+from ._sql import one_row as _row
+from ._sql import run as _run
+
+__all__ = ["cancel", "pause", "paused", "resume", "retry"]
+
+#: A resume wakes at most this many workers (it counts the queue's ready jobs up to here).
+_WAKE_AT_MOST = 1000
+
+
+def cancel(
+    conn: Any,
+    s: str,
+    job_id: str,
+    now: float,
+    channel: str,
+    node: str,
+    *,
+    retried: bool = False,
+    freed: set[str] | None = None,
+) -> tuple[CancelResult, int | None]:
+    """Cancel a job not yet terminal: ``(result, epoch of the attempt stopped or None)``.
+
+    A running job's cancel is announced (``c|node|job_id|epoch``) to every
+    node in the same transaction, so the node running it stops the attempt;
+    every cancel is announced as a finish (``f|node|job_id``). The cancelled
+    row keeps the node that ran it (``node``), so a retried call can tell. ``freed`` gets the limit keys
+    of the attempt stopped.
+    """
+    with conn.transaction(), _cur(conn) as cur:
+        _run(cur, f"SELECT state, epoch, node, changed_at, limits FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        found = cur.fetchone()
+        if found is None:
+            raise _not_found(job_id)
+        state, epoch, ran_on, changed_at, keys = found
+        _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))
+        if state in _TERMINAL:
+            mine = retried and state == "cancelled" and changed_at == now
+            running = epoch if mine and ran_on is not None else None
+            if running is not None and freed is not None:
+                freed.update(keys)
+            return CancelResult(job_from_row(_row(cur)), mine), running
+        running = epoch if state == "running" else None
+        if running is not None and freed is not None:
+            freed.update(keys)
+        _run(
+            cur,
+            f"UPDATE {s}.jobs SET state = 'cancelled', finished_at = %s, finish_seq = nextval('{s}.finish_seq'),"
+            f" changed_at = %s, node = CASE WHEN state = 'running' THEN node END WHERE id = %s RETURNING {COLUMNS}",
+            (now, now, job_id),
+        )
+        job = job_from_row(_row(cur))
+        notices = [f"f|{node}|{job_id}"]
+        if running is not None:
+            notices.append(f"c|{node}|{job_id}|{running}")
+        _run(
+            cur, "SELECT " + ", ".join("pg_notify(%s, %s)" for _ in notices), [v for n in notices for v in (channel, n)]
+        )
+    return CancelResult(job, True), running
+
+
+def retry(conn: Any, s: str, job_id: str, now: float, notify: tuple[str, str], *, retried: bool = False) -> Job:
+    """Send a dead or cancelled job back to ready, its attempts and snoozes reset and its deadline gone
+    (an operator asked for it to run, however late)."""
+    with conn.transaction(), _cur(conn) as cur:
+        _run(cur, f"SELECT state, changed_at, attempts FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        found = cur.fetchone()
+        if found is None:
+            raise _not_found(job_id)
+        state, changed_at, attempts = found
+        if retried and state == "ready" and changed_at == now and attempts == 0:
+            return job_from_row(_row(_run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))))
+        if state not in ("dead", "cancelled"):
+            raise InvalidJob(f"job {job_id!r} is {state}; only dead or cancelled jobs can be retried", field="state")
+        _run(
+            cur,
+            f"UPDATE {s}.jobs SET state = 'ready', attempts = 0, snoozes = 0, finished_at = NULL,"
+            f" finish_seq = NULL, result = NULL, run_at = %s, changed_at = %s, node = NULL, deadline = NULL,"
+            " parked = NULL, parked_key = NULL"
+            " WHERE id = %s"
+            f" RETURNING {COLUMNS}",
+            (now, now, job_id),
+        )
+        job = job_from_row(_row(cur))
+        _run(cur, "SELECT pg_notify(%s, %s)", notify)
+    return job
+
+
+# ------------------------------------------------------------- queues
+
+
+def pause(conn: Any, s: str, queue: str, now: float, *, retried: bool = False) -> bool:
+    """Pause ``queue`` for every node (a row in ``paused``, which every claim reads); whether it was
+    running. Running attempts are left alone.
+
+    The row keeps ``now`` (``paused_at``): a retried call whose first try
+    committed unseen recognises its own row by it, and answers ``True`` as
+    the first try would have.
+    """
+    with _cur(conn) as cur:
+        _run(
+            cur,
+            f"WITH ins AS (INSERT INTO {s}.paused (queue, paused_at) VALUES (%s, %s) ON CONFLICT (queue) DO NOTHING"
+            f" RETURNING 1) SELECT EXISTS (SELECT 1 FROM ins), (SELECT paused_at FROM {s}.paused WHERE queue = %s)",
+            (queue, now, queue),
+        )
+        inserted, paused_at = _row(cur)
+    return bool(inserted) or (retried and paused_at == now)
+
+
+def resume(conn: Any, s: str, queue: str, channel: str, node: str) -> int | None:
+    """Resume ``queue``: ``None`` if it was not paused, else how many workers to wake (its ready jobs,
+    at least 1 and at most :data:`_WAKE_AT_MOST`), which every other node hears in the same statement
+    (``r|node|n``) as it commits.
+
+    A call retried after its connection broke answers ``None`` if its first
+    try had committed unseen (the row it deleted leaves no trace); the
+    queue is running either way.
+    """
+    with _cur(conn) as cur:
+        _run(
+            cur,
+            f"WITH d AS (DELETE FROM {s}.paused WHERE queue = %s RETURNING queue),"
+            # The queue's jobs in jobs_queue_ready order: a range ordered by the queue, as the claim reads
+            # them (see _transitions.claim), so that no plan reads other queues' jobs to count these.
+            f" n AS (SELECT greatest(count(*), 1) AS n FROM (SELECT 1 FROM {s}.jobs WHERE state = 'ready'"
+            f"  AND parked IS NULL AND queue >= %s AND queue <= %s ORDER BY queue LIMIT {_WAKE_AT_MOST}) r)"
+            " SELECT EXISTS (SELECT 1 FROM d), n.n, (SELECT pg_notify(%s, %s || n.n) FROM d) FROM n",
+            (queue, queue, queue, channel, f"r|{node}|"),
+        )
+        was_paused, wake, _ = _row(cur)
+    return int(wake) if was_paused else None
+
+
+def paused(conn: Any, s: str) -> list[str]:
+    """The paused queues' names, sorted as Python sorts strings (not by the database's collation)."""
+    with _cur(conn) as cur:
+        return sorted(row[0] for row in _run(cur, f"SELECT queue FROM {s}.paused").fetchall())

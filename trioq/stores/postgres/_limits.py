@@ -1,0 +1,318 @@
+"""Limit keys in SQL: the claim of jobs that hold keys, and the unparking of the jobs passed over.
+
+A key's slots are counted from the running rows that hold it (``jobs_holding``,
+a GIN index over ``limits`` of running rows, read by ``limit_holders``): no
+counter a crash can leave behind; a dead node's attempts hold their slots until
+they are rescued or released, and not a moment longer. A rate's state is one
+row of ``limit_rates`` (its GCRA's theoretical arrival time), written by the
+claims that take its tokens.
+
+Every claim that decides a key holds a transaction-scoped advisory lock on it
+(:func:`lock_id`), taken before the statements that count its holders and read
+its rate: two nodes never both see the last slot free. Locks are taken in
+ascending id order; a later batch of the same claim only *tries* ids below the
+highest it holds (and leaves the jobs whose key it could not lock), so that two
+claims never wait for each other in a cycle. A transaction that frees slots
+(an outcome, a cancel, a rescue, a release) commits first; :func:`unpark` then
+takes the same locks and, with a snapshot taken after them, unparks as many of
+the jobs waiting on each key as it has free slots: a claim that counted the
+freed attempt as running and parked a job for it has committed by then, so no
+job is left parked behind a free slot. Were a node to die between the two, the
+leader's :func:`repair` (with every rescue) unparks what is owed.
+
+A job passed over is parked (``parked`` set): for a slot, until
+:func:`unpark` lets it go (``'Infinity'``, ``parked_key`` the full key); for a
+rate, until its token is due (``promote`` unparks it then). The claims' indexes
+leave parked jobs out, so a backlog blocked on one key is read once, not by
+every claim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from ..._model import Job, Limit
+from ._rows import WIDTH, job_from_row
+from ._sql import cursor as _cur
+from ._sql import run as _run
+
+__all__ = ["MAX_KEYS", "claim", "lock_id", "repair", "unpark"]
+
+#: The most keys one claim (or one unpark transaction) locks: advisory locks live in the server's
+#: shared lock table (``max_locks_per_transaction`` per connection on average).
+MAX_KEYS = 64
+#: A key without ``max`` has room for everyone (the bound the unpark statement is given for it).
+_UNBOUNDED = 1 << 62
+_EXTRA = 16  # candidates read past the claim's limit in the first batch: some will be passed over
+_MOST = 1000  # candidates read at most per batch
+
+
+def lock_id(s: str, key: str) -> int:
+    """The advisory lock of ``key`` in schema ``s`` (64 bits of a hash; a collision only serializes more)."""
+    return int.from_bytes(hashlib.blake2b(f"trioq-limit:{s}:{key}".encode(), digest_size=8).digest(), signed=True)
+
+
+def bounding(limit_of: Callable[[str], Limit | None]) -> Callable[[str], Limit | None]:
+    """``limit_of``, cached, answering ``None`` for a key whose limit bounds nothing."""
+    cache: dict[str, Limit | None] = {}
+
+    def bound(key: str) -> Limit | None:
+        try:
+            return cache[key]
+        except KeyError:
+            limit = limit_of(key)
+            if limit is not None and limit.max is None and limit.rate is None:
+                limit = None
+            cache[key] = limit
+            return limit
+
+    return bound
+
+
+def claim(
+    conn: Any,
+    s: str,
+    node: str,
+    n: int,
+    token: str,
+    now: float,
+    limit_of: Callable[[str], Limit | None],
+    pick: Callable[[int, bool, dict[str, Any]], str],
+    columns: str,
+) -> tuple[list[Job], float | None, bool]:
+    """Claim up to ``n`` jobs in one transaction, passing over (parking) those a key refuses; ``(jobs claimed
+    best first, when the first job parked for a rate is due or None, whether the claim stopped short
+    at :data:`MAX_KEYS` with candidates left)``.
+
+    ``pick(m, exclude, params)``: the SQL of CTE ``c`` (``id, limits``), the best ``m`` claimable jobs,
+    locked, without the ids of ``params["exclude"]`` if ``exclude``. Candidates are read in batches
+    (``n + 16``, then doubling up to 1,000) until ``n`` are claimed or none is left; each batch's jobs
+    are decided in order as :class:`~trioq.stores.table.limits.LimitState` decides them: the first
+    full key (fewer than ``max`` holders is room) parks a job for a slot; else a rate that admits no
+    start parks it until the latest of its keys' tokens is due; else it starts, taking a slot of each
+    key and a token of each rate.
+    """
+    bound = bounding(limit_of)
+    held: dict[str, int] = {}  # key -> attempts holding it (this claim's included), for each key decided
+    tats: dict[str, float] = {}  # key -> its tat, for each rate key decided
+    queued: dict[str, float] = {}  # key -> its tat once the jobs parked for its rate so far have started
+    locked: set[int] = set()
+    unlockable: set[str] = set()
+    left: list[str] = []  # candidates this transaction holds but leaves (a key it could not lock)
+    rows: list[Any] = []
+    due: float | None = None
+    more = False
+    m = n + _EXTRA
+    with conn.transaction(), _cur(conn) as cur:
+        while len(rows) < n:
+            params: dict[str, Any] = {"now": now, "exclude": left}
+            _run(cur, pick(m, bool(left), params) + " SELECT id, limits FROM c", params)
+            batch: list[tuple[str, list[str]]] = cur.fetchall()
+            # The keys to decide: lock the new ones, at most MAX_KEYS in all (the rest wait for a later claim).
+            fresh: dict[str, int] = {}  # key -> its lock id, for each key this batch decides first
+            usable = len(batch)
+            for i, (_, keys) in enumerate(batch):
+                new = {
+                    k: lock_id(s, k) for k in keys if k not in fresh and _undecided(k, bound, held, tats, unlockable)
+                }
+                wanted = {x for x in new.values() if x not in locked} | {x for x in fresh.values() if x not in locked}
+                if new and fresh and len(locked) + len(wanted) > MAX_KEYS:
+                    usable, more = i, True
+                    break
+                fresh.update(new)
+            if fresh:
+                ids = sorted({x for x in fresh.values() if x not in locked})
+                top = max(locked, default=None)
+                # Ids below one already held are only tried (waiting for them could close a cycle).
+                waits = [top is None or x > top for x in ids]
+                _run(
+                    cur,
+                    "SELECT u.x, CASE WHEN u.w THEN NOT (pg_advisory_xact_lock(u.x) IS NULL)"
+                    " ELSE pg_try_advisory_xact_lock(u.x) END FROM unnest(%s::bigint[], %s::bool[]) AS u(x, w)",
+                    (ids, waits),
+                )
+                locked.update(x for x, ok in cur.fetchall() if ok)
+                decided = [k for k, x in fresh.items() if x in locked]
+                unlockable.update(k for k, x in fresh.items() if x not in locked)
+                maxes = [k for k in decided if _limit(bound, k).max is not None]
+                rates = [k for k in decided if _limit(bound, k).rate is not None]
+                # Counted after the locks: a snapshot that sees every claim of these keys committed.
+                _run(
+                    cur,
+                    f"SELECT key, held, NULL::float8 FROM {s}.limit_holders(%s)"
+                    f" UNION ALL SELECT key, NULL, tat FROM {s}.limit_rates WHERE key = ANY(%s)",
+                    (maxes, rates),
+                )
+                for k in rates:
+                    tats[k] = -math.inf
+                for key, count, tat in cur.fetchall():
+                    if count is not None:
+                        held[key] = int(count)
+                    else:
+                        tats[key] = float(tat)
+            take: list[str] = []
+            parked: list[tuple[str, float, str | None]] = []
+            rated: set[str] = set()
+            for job_id, keys in batch[:usable]:
+                if len(rows) + len(take) >= n:
+                    break
+                if any(k in unlockable for k in keys):
+                    left.append(job_id)
+                    continue
+                verdict = _decide(keys, bound, held, tats, now)
+                if verdict is None:
+                    take.append(job_id)
+                    for k in keys:
+                        limit = bound(k)
+                        if limit is None:
+                            continue
+                        if limit.max is not None:
+                            held[k] += 1
+                        if limit.rate is not None:
+                            tat = limit.admit(tats[k], now)
+                            assert tat is not None  # _decide admitted it
+                            tats[k] = tat
+                            rated.add(k)
+                else:
+                    at, key = verdict
+                    if key is None:
+                        at = _in_line(keys, bound, tats, queued, now)
+                    parked.append((job_id, at, key))
+                    if key is None:
+                        due = at if due is None else min(due, at)
+            if take or parked:
+                _run(
+                    cur,
+                    f"WITH pk AS (UPDATE {s}.jobs j SET parked = u.at, parked_key = u.key"
+                    "  FROM unnest(%s::text[], %s::float8[], %s::text[]) AS u(id, at, key) WHERE j.id = u.id),"
+                    f" rt AS (INSERT INTO {s}.limit_rates (key, tat) SELECT * FROM unnest(%s::text[], %s::float8[])"
+                    "  ON CONFLICT (key) DO UPDATE SET tat = excluded.tat)"
+                    f" UPDATE {s}.jobs j SET state = 'running', epoch = j.epoch + 1, node = %s, claim = %s"
+                    f" FROM unnest(%s::text[]) AS u(id) WHERE j.id = u.id RETURNING {columns}, j.seq",
+                    (
+                        [p[0] for p in parked],
+                        [p[1] for p in parked],
+                        [p[2] for p in parked],
+                        sorted(rated),
+                        [tats[k] for k in sorted(rated)],
+                        node,
+                        token,
+                        take,
+                    ),
+                )
+                rows += cur.fetchall()
+            if more or len(batch) < m:
+                break
+            m = min(m * 2, _MOST)
+    rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
+    return [job_from_row(row) for row in rows], due, more
+
+
+def _limit(bound: Callable[[str], Limit | None], key: str) -> Limit:
+    limit = bound(key)
+    assert limit is not None
+    return limit
+
+
+def _undecided(
+    key: str, bound: Callable[[str], Limit | None], held: dict[str, int], tats: dict[str, float], unlockable: set[str]
+) -> bool:
+    """Whether ``key`` bounds something and this claim has neither decided it nor failed to lock it."""
+    limit = bound(key)
+    if limit is None or key in unlockable:
+        return False
+    return not ((limit.max is None or key in held) and (limit.rate is None or key in tats))
+
+
+def _in_line(
+    keys: Sequence[str],
+    bound: Callable[[str], Limit | None],
+    tats: dict[str, float],
+    queued: dict[str, float],
+    now: float,
+) -> float:
+    """When a job passed over for a rate is due: when the last of its rates has a token for it, once the jobs
+    this claim parked for those rates before it have each taken theirs (the first one parked is due when
+    the token is; the next an interval later; ...). A backlog of a rate is so unparked one job per token,
+    not all of it at every token."""
+    bases: dict[str, float] = {}
+    due = now
+    for k in keys:
+        limit = bound(k)
+        if limit is not None and limit.rate is not None:
+            base = max(tats[k], queued.get(k, -math.inf))
+            bases[k] = base
+            due = max(due, limit.due(base, now))
+    for k, base in bases.items():
+        queued[k] = max(base, due) + _limit(bound, k).interval
+    return due
+
+
+def _decide(
+    keys: Sequence[str],
+    bound: Callable[[str], Limit | None],
+    held: dict[str, int],
+    tats: dict[str, float],
+    now: float,
+) -> tuple[float, str | None] | None:
+    """``None`` if a job holding ``keys`` may start at ``now``; else ``(parked until, full key or None)``."""
+    for k in keys:
+        limit = bound(k)
+        if limit is not None and limit.max is not None and held[k] >= limit.max:
+            return math.inf, k
+    due = -math.inf
+    for k in keys:
+        limit = bound(k)
+        if limit is not None and limit.rate is not None:
+            tat = tats[k]
+            if limit.admit(tat, now) is None:
+                due = max(due, limit.due(tat, now))
+    return None if due == -math.inf else (due, None)
+
+
+def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], Limit | None]) -> int:
+    """Slots of ``keys`` were freed (the transaction that freed them committed): under each key's lock, unpark
+    as many of the jobs parked on it as it has free slots, best first; how many were unparked."""
+    bound = bounding(limit_of)
+    wanted = sorted({(lock_id(s, k), k) for k in keys if (limit := bound(k)) is not None and limit.max is not None})
+    total = 0
+    for start in range(0, len(wanted), MAX_KEYS):
+        chunk = wanted[start : start + MAX_KEYS]
+        with conn.transaction(), _cur(conn) as cur:
+            _run(
+                cur,
+                "SELECT pg_advisory_xact_lock(x) FROM unnest(%s::bigint[]) AS u(x)",
+                (sorted({x for x, _ in chunk}),),
+            )
+            names = [k for _, k in chunk]
+            _run(
+                cur,
+                f"WITH r AS (SELECT h.key, u.mx - h.held AS room FROM {s}.limit_holders(%s) h"
+                "  JOIN unnest(%s::text[], %s::bigint[]) AS u(key, mx) ON u.key = h.key)"
+                f" UPDATE {s}.jobs j SET parked = NULL, parked_key = NULL WHERE j.state = 'ready' AND j.id IN"
+                f" (SELECT x.id FROM r CROSS JOIN LATERAL (SELECT id FROM {s}.jobs WHERE state = 'ready'"
+                "   AND parked_key = r.key ORDER BY priority DESC, run_at, seq LIMIT greatest(r.room, 0)"
+                "   FOR UPDATE SKIP LOCKED) x)",
+                (names, names, [_limit(bound, k).max for k in names]),
+            )
+            total += int(cur.rowcount)
+    return total
+
+
+def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None]) -> int:
+    """Unpark what a slot freed by a node that died before its :func:`unpark` owes (the leader's, with every
+    rescue): every key some job waits on, walked by one probe each of ``jobs_blocked``; how many."""
+    with _cur(conn) as cur:
+        _run(
+            cur,
+            f"WITH RECURSIVE k(key) AS ((SELECT parked_key FROM {s}.jobs WHERE state = 'ready'"
+            "  AND parked_key IS NOT NULL ORDER BY parked_key LIMIT 1)"
+            f" UNION ALL SELECT (SELECT parked_key FROM {s}.jobs WHERE state = 'ready' AND parked_key > k.key"
+            "  ORDER BY parked_key LIMIT 1) FROM k WHERE k.key IS NOT NULL)"
+            " SELECT key FROM k WHERE key IS NOT NULL",
+        )
+        keys = [row[0] for row in cur.fetchall()]
+    return unpark(conn, s, keys, limit_of) if keys else 0
