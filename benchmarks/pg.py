@@ -331,7 +331,8 @@ def bare_drain(dsn: str, schema: str, n: int, batch: int = BARE_CLAIM) -> dict[s
     pipelined with the next claim (one round trip per batch)."""
     s = schema
     claim_sql = (
-        f"WITH c AS MATERIALIZED (SELECT id FROM {s}.jobs WHERE state = 'ready'"
+        # `parked IS NULL`: the ready index's predicate (schema 2: jobs passed over for a limit are parked).
+        f"WITH c AS MATERIALIZED (SELECT id FROM {s}.jobs WHERE state = 'ready' AND parked IS NULL"
         f" ORDER BY priority DESC, run_at, seq LIMIT {batch} FOR UPDATE SKIP LOCKED)"
         f" UPDATE {s}.jobs j SET state = 'running', epoch = j.epoch + 1, node = %s, claim = %s"
         " FROM c WHERE j.id = c.id RETURNING j.id, j.epoch, j.task, j.payload::text"

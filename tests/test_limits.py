@@ -168,3 +168,17 @@ def test_a_limit_is_declared_once_and_templates_are_checked() -> None:
     other.limit("k", max=2)
     with pytest.raises(ValueError, match="both registries"):
         registry.include(other)
+
+
+async def test_limits_declared_after_the_queue_opened_are_refused_not_ignored() -> None:
+    """The store learns the limits when the queue opens: a key declared later would be unbounded."""
+    registry = trioq.Registry()
+
+    @registry.task
+    async def job(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        registry.limit("late", max=1)
+        with pytest.raises(trioq.InvalidJob, match="before open_queue") as caught:
+            await queue.enqueue("job", limits=["late"])
+        assert caught.value.field == "limits"

@@ -32,7 +32,7 @@ from .._model import (
 from .._registry import Registry
 from .._validate import where as _where
 from ..policies.limits import fill_keys
-from ..stores._base import NewJob, Store, StoreConfig
+from ..stores._base import NewJob, Store, StoreConfig, no_limits
 from ..stores.memory import MemoryStore
 from .exits import primary_error, without_cancelled
 from .maintenance import Maintenance
@@ -125,7 +125,8 @@ class Queue:
             on_cancel=self._pool.cancel_attempt,
             watched=self._waiters,
             on_finished=self._finished,
-            limits=registry.limits.resolve,
+            # A registry that declares no limit bounds no key: the stores may skip looking.
+            limits=registry.limits.resolve if registry.limits else no_limits,
         )
         self._progress = trio.Event()
         self._joiners = 0
@@ -282,6 +283,13 @@ class Queue:
         if deadline is not None:
             deadline = validate.number(f"{_where(index)}deadline", deadline, above=True)
         keys = fill_keys(definition.limits, limits, payload, tenant, self.registry.limits, _where(index))
+        if keys and self._config.limits is no_limits:
+            field = f"{_where(index)}limits"
+            raise InvalidJob(
+                f"{field}: the registry declared no limit when this queue opened, so its store enforces none;"
+                " declare every registry.limit(...) before open_queue",
+                field=field,
+            )
         return NewJob(task, payload, priority, key, max_attempts, delay, queue, tenant, deadline, keys)
 
     # ------------------------------------------------------------- querying

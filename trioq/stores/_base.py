@@ -30,6 +30,7 @@ __all__ = [
     "Store",
     "StoreConfig",
     "Succeeded",
+    "no_limits",
 ]
 
 
@@ -142,6 +143,12 @@ class Snoozed(msgspec.Struct, frozen=True, gc=False):
 Outcome: TypeAlias = Succeeded | Failed | Released | Snoozed
 
 
+def no_limits(key: str) -> Limit | None:
+    """``StoreConfig.limits`` when no limit is declared: every key bounds nothing, and a store that
+    finds this very function there may skip looking at keys at all."""
+    return None
+
+
 @attrs.frozen
 class StoreConfig:
     """What the runtime hands a store when it opens it.
@@ -165,7 +172,9 @@ class StoreConfig:
     store.
 
     ``limits(key)``: the :class:`~trioq._model.Limit` a job's limit key has
-    (``None``: none), which claims enforce (the registry's ``LimitBook.resolve``).
+    (``None``: none), which claims enforce (the registry's ``LimitBook.resolve``;
+    :func:`no_limits` when it declares none, which a store may take as leave to
+    claim without looking at keys).
     """
 
     clock: Callable[[], float]
@@ -177,7 +186,7 @@ class StoreConfig:
     on_cancel: Callable[[str, int], None] = lambda job_id, epoch: None
     watched: Container[str] = ()
     on_finished: Callable[[Job], None] = lambda job: None
-    limits: Callable[[str], Limit | None] = lambda key: None
+    limits: Callable[[str], Limit | None] = no_limits
 
 
 class IdMaker:

@@ -46,7 +46,7 @@ from ..._model import (
     error_text,
     storable_text,
 )
-from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded
+from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded, no_limits
 from . import _limits
 from ._admin import cancel, pause, paused, resume, retry
 from ._rows import COLUMNS, WIDTH, encode_errors, encode_limits, encode_result, job_from_row, loads
@@ -92,10 +92,6 @@ MAX_BATCH = 500
 #: Batches of at least this many jobs, none with a key, are inserted with COPY (faster than INSERT
 #: past a few hundred rows; it cannot skip a conflicting key).
 _COPY_FROM = 200
-
-
-def _no_limit(key: str) -> Limit | None:
-    return None
 
 
 def key_hash(key: str) -> bytes:
@@ -318,7 +314,7 @@ def claim(
     queues: Sequence[str] | None = None,
     walk: bool = False,
     probe: bool = True,
-    limit_of: Callable[[str], Limit | None] = _no_limit,
+    limit_of: Callable[[str], Limit | None] = no_limits,
 ) -> Claimed:
     """Claim up to ``limit`` ready jobs of ``queues`` (every queue: ``None``) for ``node`` under new epochs,
     marked with ``token``; never a job of a paused queue, nor one whose deadline is at or before ``now``
@@ -363,6 +359,21 @@ def claim(
         n = int(limit)
         params: dict[str, Any] = {"now": now, "node": node, "token": token}
         pick = _pick(s, n, queues, walk, now is not None, params)
+        if limit_of is no_limits:
+            # No key is bounded on this node (its registry declares no limit): the plain claim, the
+            # UPDATE itself the statement, as before limits existed (0.17 ms cheaper a round trip).
+            probe_cte = f", d AS (SELECT min(deadline) AS m FROM {s}.jobs WHERE {_PENDING_DEADLINE})" if probe else ""
+            _run(
+                cur,
+                f"{pick}{probe_cte} UPDATE {s}.jobs j SET state = 'running', epoch = j.epoch + 1,"
+                f" node = %(node)s, claim = %(token)s FROM c{', d' if probe else ''} WHERE j.id = c.id"
+                f" RETURNING {_qualified('j')}, j.seq{', d.m' if probe else ''}",
+                params,
+            )
+            plain = cur.fetchall()
+            plain.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
+            deadline = plain[0][WIDTH + 1] if probe and plain else None
+            return Claimed([job_from_row(row) for row in plain], deadline)
         # A candidate holding a limit key sends the claim to the limit path (_limits.claim), which takes
         # none of these: the statement claims only when none of its candidates holds a key, and says so
         # in a row of its own when nothing was claimed (the left join).

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..._model import JobState, Limit
+from .._base import no_limits
 
 if TYPE_CHECKING:
     from .jobs import Entry
@@ -33,16 +34,12 @@ if TYPE_CHECKING:
 __all__ = ["LimitState"]
 
 
-def _no_limit(key: str) -> Limit | None:
-    return None
-
-
 class LimitState:
     """The limit keys' state for one table (see the module docstring)."""
 
     def __init__(self) -> None:
         #: The limit each key has (the store sets it from ``StoreConfig.limits``).
-        self.limit_of: Callable[[str], Limit | None] = _no_limit
+        self.limit_of: Callable[[str], Limit | None] = no_limits
         self.holders: dict[str, int] = {}  # key -> running attempts holding it
         self.tat: dict[str, float] = {}  # key -> its GCRA's theoretical arrival time
         self._blocked: dict[str, deque[tuple[Entry, int]]] = {}  # key -> jobs parked for its max, FIFO
