@@ -44,6 +44,16 @@ async def step(ctx: trioq.JobContext, seconds: float = 0.0, n: int = 0) -> int:
     return n
 
 
+#: A slot key the process tests share: two attempts at most across every node.
+registry.limit("pool", max=2)
+
+
+@registry.task(max_attempts=1, limits=["pool"])
+async def limited(ctx: trioq.JobContext, seconds: float = 0.0, n: int = 0) -> int:
+    """``step`` holding the ``pool`` key."""
+    return await step(ctx, seconds, n)
+
+
 def read_journal(directory: Path) -> list[dict[str, Any]]:
     """Every line every process journaled, in time order."""
     lines = []

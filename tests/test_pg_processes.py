@@ -107,8 +107,8 @@ def _until(check: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.02)
 
 
-def _enqueue(url: str, count: int, seconds: float) -> list[str]:
-    jobs = [{"task": "step", "payload": {"seconds": seconds, "n": i}} for i in range(count)]
+def _enqueue(url: str, count: int, seconds: float, task: str = "step") -> list[str]:
+    jobs = [{"task": task, "payload": {"seconds": seconds, "n": i}} for i in range(count)]
     response = httpx.post(f"{url}/jobs/batch", json={"jobs": jobs}, timeout=10)
     assert response.status_code == 202, response.text
     return [job["id"] for job in response.json()["jobs"]]
@@ -245,3 +245,57 @@ def test_when_the_leader_is_killed_another_node_leads(start: Callable[..., Node]
     killed.process.wait(timeout=10)
     (other,) = [node for node in nodes if node is not killed]
     _until(lambda: leader() == other.node, LEASE + 2, "the other node leading")
+
+
+def test_a_limit_holds_across_nodes_a_sigkill_and_a_database_restart(
+    start: Callable[..., Node], pg_dsn: str, journal: Path, pg_cluster: Cluster | ExternalCluster
+) -> None:
+    """Jobs holding ``pool`` (``max=2``) on two workers of 4: never more than 2 attempts at once by the
+    journal, the SIGKILLed worker's slots held until its jobs are rescued (not before), then through
+    a database restart (when this cluster can restart); every job succeeds."""
+    api = start("serve")
+    first = start("worker")
+    start("worker")
+    ids = _enqueue(api.url, 24, 0.3, task="limited")
+
+    def running_on_first() -> set[str]:
+        lines = read_journal(journal)
+        started = {line["job"] for line in lines if line["pid"] == first.pid and line["event"] == "start"}
+        ended = {line["job"] for line in lines if line["pid"] == first.pid and line["event"] != "start"}
+        return started - ended
+
+    held = _until(running_on_first, 10, "the first worker holding a slot")
+    os.kill(first.pid, signal.SIGKILL)
+    killed_at = time.time()
+    first.process.wait(timeout=10)
+    if pg_cluster.can_restart:
+        _until(lambda: len(_executions(journal)) >= 10, 30, "jobs running after the kill")
+        pg_cluster.restart("fast")
+    _until(lambda: _all_succeeded(pg_dsn, ids), 60, "every limited job succeeded")
+
+    # Each execution holds a slot from its start to its end; a killed one until its job starts again
+    # (its rescue), since the store frees a dead node's slots only then.
+    lines = read_journal(journal)
+    intervals: list[tuple[float, float]] = []
+    for line in lines:
+        if line["event"] != "start":
+            continue
+        ends = [
+            o["at"] for o in lines if o["job"] == line["job"] and o["epoch"] == line["epoch"] and o["event"] != "start"
+        ]
+        if ends:
+            intervals.append((line["at"], ends[0]))
+            continue
+        assert line["pid"] == first.pid and line["job"] in held, line
+        again = [o["at"] for o in lines if o["job"] == line["job"] and o["event"] == "start" and o["at"] > killed_at]
+        assert again, f"{line['job']} never ran again"
+        intervals.append((line["at"], min(again)))
+    events = sorted([(at, 1) for at, _ in intervals] + [(at, -1) for _, at in intervals], key=lambda e: (e[0], e[1]))
+    holding = peak = 0
+    for _, change in events:
+        holding += change
+        peak = max(peak, holding)
+    assert peak <= 2, f"{peak} attempts held the pool key at once"
+    assert peak == 2  # the limit was reached, not only approached
+    counts = _executions(journal)
+    assert set(counts) == set(ids)
