@@ -1385,3 +1385,21 @@ def test_restore_keeps_what_an_older_trioq_kept_past_todays_limits() -> None:
     row = ("j1", "t", {"a": deep}, "succeeded", 0, None, 3, 1.0, 1.0, 0, 1, 1, 2.0, deep, None)
     table.restore(*row)
     assert table.get("j1").payload == {"a": deep} and table.get("j1").result == deep
+
+
+def test_queues_used_once_and_rate_states_run_out_are_forgotten() -> None:
+    """A queue name used once, once drained, costs later claims nothing; a rate state whose time has
+    passed is dropped (a per-user key must not stay for ever)."""
+    from trioq._model import Limit
+
+    table = JobTable()
+    table.limits.limit_of = lambda key: Limit(key, rate=1.0)
+    for i in range(100):
+        table.add_packed(f"q{i}", "t", b"", 0, None, 3, 0.0, 0.0, f"queue-{i}", None, None, (f"user:{i}",))
+    while (entry := table.claim_next(1.0)) is not None:
+        table.succeed(entry.id, entry.epoch, None, 1.0)
+    assert table.claim_next(1.0) is None
+    assert len(table._queues) <= 1
+    assert len(table.limits.tat) == 100
+    table.promote(10.0)
+    assert table.limits.tat == {}

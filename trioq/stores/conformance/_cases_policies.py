@@ -75,6 +75,31 @@ class LimitKeyCases(CaseBase):
         assert len(await store.claim(harness.request(10))) == 1
         assert await store.claim(harness.request(10)) == []
 
+    async def test_a_slot_is_passed_on_when_the_job_let_go_for_it_never_takes_it(self, harness: Harness) -> None:
+        """A freed slot goes to the next job in line; if that job leaves unclaimed (its deadline, a cancel),
+        the slot goes to the one behind it, not to nobody (no job waits on a free key)."""
+        harness.limit("A", max=1)
+        async with harness.session(harness.make()) as store:
+            holder, expiring, cancelled, last = await store.add(
+                [
+                    harness.job(limits=["A"]),
+                    harness.job(limits=["A"], deadline=1.5),
+                    harness.job(limits=["A"]),
+                    harness.job(limits=["A"]),
+                ]
+            )
+            (running,) = await store.claim(harness.request(5))
+            assert running.id == holder.id
+            assert await store.claim(harness.request(5)) == []  # the three others passed over
+            harness.clock.advance(1.0)
+            assert await complete_one(store, Succeeded(running.id, running.epoch, None)) is JobState.SUCCEEDED
+            harness.clock.advance(0.5)
+            await store.promote()  # the job let go for the slot expires before anyone claims it
+            assert (await store.get(expiring.id)).state is JobState.CANCELLED
+            await store.cancel(cancelled.id)  # and the next one is cancelled
+            claimed = await store.claim(harness.request(5))
+            assert [job.id for job in claimed] == [last.id]
+
     async def test_each_key_a_pattern_matches_has_its_own_limit(self, harness: Harness) -> None:
         """``user:*`` with ``max=1`` is a mutex per user; a job holding two keys needs both."""
         harness.limit("user:*", max=1)

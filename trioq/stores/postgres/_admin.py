@@ -56,7 +56,9 @@ def cancel(
                 freed.update(keys)
             return CancelResult(job_from_row(_row(cur)), mine), running
         running = epoch if state == "running" else None
-        if running is not None and freed is not None:
+        if freed is not None:
+            # A running attempt's slots come free; a ready job's keys too, as it may have been let go
+            # for a slot it now never takes (the next job in line gets it).
             freed.update(keys)
         _run(
             cur,

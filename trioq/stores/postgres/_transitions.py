@@ -755,7 +755,9 @@ class Promoted:
         return min(due) if due else None
 
 
-def promote(conn: Any, s: str, now: float, channel: str, node: str, batch: int = 1000) -> Promoted:
+def promote(
+    conn: Any, s: str, now: float, channel: str, node: str, batch: int = 1000, *, freed: set[str] | None = None
+) -> Promoted:
     """Cancel never-claimed jobs whose deadline is at or before ``now`` (:func:`expire`), then make due
     scheduled jobs ready.
 
@@ -768,7 +770,7 @@ def promote(conn: Any, s: str, now: float, channel: str, node: str, batch: int =
         expired: list[str] = []
         total = unparked = 0
         if next_deadline is not None and next_deadline <= now:
-            expired = expire(conn, s, now, channel, node, batch)
+            expired = expire(conn, s, now, channel, node, batch, freed=freed)
         if next_unpark is not None and next_unpark <= now:
             while True:  # jobs passed over for a rate whose token is due: claimable again
                 _run(
@@ -813,7 +815,9 @@ def _next_due(cur: Any, s: str) -> tuple[float | None, float | None, list[str], 
     return next_run_at, next_deadline, sorted(paused), next_unpark
 
 
-def expire(conn: Any, s: str, now: float, channel: str, node: str, batch: int = 1000) -> list[str]:
+def expire(
+    conn: Any, s: str, now: float, channel: str, node: str, batch: int = 1000, *, freed: set[str] | None = None
+) -> list[str]:
     """Cancel every never-claimed ready or scheduled job whose deadline is at or before ``now``; their ids,
     in deadline order.
 
@@ -825,6 +829,8 @@ def expire(conn: Any, s: str, now: float, channel: str, node: str, batch: int = 
     locks them in id order, skipping those another transaction holds (a
     claim that saw the job still in time, a cancel, another node's expiry:
     each decides that job) and re-checking that each is still expirable.
+    ``freed`` gets the limit keys of the jobs cancelled: one may have been let go for a slot it now
+    never takes, which the caller passes on (``_limits.unpark``).
     """
     expired: list[str] = []
     with _cur(conn) as cur:
@@ -848,8 +854,10 @@ def expire(conn: Any, s: str, now: float, channel: str, node: str, batch: int = 
                 f" s AS (SELECT o.id, o.error, o.ord, nextval('{s}.finish_seq') AS fseq"
                 "   FROM (SELECT * FROM lk ORDER BY ord) o),"
                 f" done AS (UPDATE {s}.jobs j SET state = 'cancelled', finished_at = %s, finish_seq = s.fseq,"
-                "   error = s.error, changed_at = %s, node = NULL FROM s WHERE j.id = s.id RETURNING s.ord, j.id)"
-                f" SELECT ARRAY(SELECT id FROM done ORDER BY ord), {_finished_notice('done')}",
+                "   error = s.error, changed_at = %s, node = NULL FROM s WHERE j.id = s.id"
+                "   RETURNING s.ord, j.id, j.limits)"
+                f" SELECT ARRAY(SELECT id FROM done ORDER BY ord), {_finished_notice('done')},"
+                " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) AS k)",
                 (
                     [r[0] for r in due],
                     [r[2] for r in due],
@@ -860,7 +868,10 @@ def expire(conn: Any, s: str, now: float, channel: str, node: str, batch: int = 
                     f"f|{node}|",
                 ),
             )
-            done = _row(cur)[0]
+            row = _row(cur)
+            done = row[0]
+            if freed is not None:
+                freed.update(row[2])
             expired += done
             if len(due) < batch or not done:  # the rest are held by others, who decide them
                 break

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from ..._model import InvalidJob, Job, JobNotFound, JobState, Limit, label_problem
@@ -562,7 +563,7 @@ class PostgresStore:
             nonlocal tries, promoted, late, walk, probe
             tries += 1
             if promote and tries == 1:  # due run_at or deadlines this node knows of: before picking
-                promoted = _promote(conn, schema, now, channel, me, watched)
+                promoted = _promote(conn, schema, now, channel, me, watched, config.limits)
                 walk = queues is None and bool(promoted[0].paused)
                 probe = promoted[0].next_deadline is not None
             claimed = sql.claim(
@@ -572,7 +573,7 @@ class PostgresStore:
             if claimed.next_deadline is not None and claimed.next_deadline <= now:
                 # Deadlines this node had not heard of (another node's jobs) have come: the claim left those
                 # jobs, and they are cancelled now rather than at the next promote.
-                late = _expire(conn, schema, now, channel, me, watched)
+                late = _expire(conn, schema, now, channel, me, watched, config.limits)
             return claimed
 
         claim.__name__ = "claim"
@@ -692,7 +693,7 @@ class PostgresStore:
 
     async def promote(self) -> float | None:
         config = self._open()
-        done = await self._call(_promote, config.clock(), self.channel, config.node, config.watched)
+        done = await self._call(_promote, config.clock(), self.channel, config.node, config.watched, config.limits)
         self._promoted(*done)
         return done[0].next_due
 
@@ -832,17 +833,28 @@ def _release_node(conn: Any, schema: str, node: str, limit_of: Callable[[str], L
 
 
 def _promote(
-    conn: Any, schema: str, now: float, channel: str, node: str, watched: Any
+    conn: Any, schema: str, now: float, channel: str, node: str, watched: Any, limit_of: Callable[[str], Limit | None]
 ) -> tuple[sql.Promoted, list[Job]]:
     """``promote`` in one worker thread, and the terminal snapshots of the watched jobs it cancelled for
-    their deadline (read at once, as ``_complete`` does)."""
-    done = sql.promote(conn, schema, now, channel, node)
+    their deadline (read at once, as ``_complete`` does); the keys of the jobs it cancelled unparked (one
+    may have been let go for a slot it never took)."""
+    freed: set[str] = set()
+    done = sql.promote(conn, schema, now, channel, node, freed=freed)
+    if freed:
+        done = attrs.evolve(done, unparked=done.unparked + _limits.unpark(conn, schema, freed, limit_of))
     return done, _watched_snapshots(conn, schema, done.expired, watched)
 
 
-def _expire(conn: Any, schema: str, now: float, channel: str, node: str, watched: Any) -> list[Job]:
-    """``expire`` in one worker thread: the terminal snapshots of the watched jobs it cancelled."""
-    return _watched_snapshots(conn, schema, sql.expire(conn, schema, now, channel, node), watched)
+def _expire(
+    conn: Any, schema: str, now: float, channel: str, node: str, watched: Any, limit_of: Callable[[str], Limit | None]
+) -> list[Job]:
+    """``expire`` in one worker thread: the terminal snapshots of the watched jobs it cancelled (their keys
+    unparked, as in :func:`_promote`)."""
+    freed: set[str] = set()
+    expired = sql.expire(conn, schema, now, channel, node, freed=freed)
+    if freed:
+        _limits.unpark(conn, schema, freed, limit_of)
+    return _watched_snapshots(conn, schema, expired, watched)
 
 
 def _watched_snapshots(conn: Any, schema: str, ids: Sequence[str], watched: Any) -> list[Job]:

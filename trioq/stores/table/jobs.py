@@ -112,6 +112,8 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     deadline: float | None = None
     #: The limit keys its attempts hold (see .limits).
     limits: tuple[str, ...] = ()
+    #: The key whose freed slot this ready job was let go for, until it takes it or leaves (see .limits).
+    waking: str | None = None
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -204,6 +206,7 @@ class JobTable:
         #: Limit keys: slots, tokens, and the jobs passed over (see .limits). Its ``limit_of``
         #: is the store's to set.
         self.limits = LimitState()
+        self.limits.paused = self._paused
         #: Called with ``n`` when jobs passed over for a limit are back in the ready queues, and
         #: with a time when a job passed over for a rate will be due then (the store's hints).
         self.on_unblocked: Callable[[int], None] | None = None
@@ -609,6 +612,7 @@ class JobTable:
             self.expire_due(now)
         if self.limits.used:
             self._unthrottle(now)
+            self.limits.sweep(now)
         heap = self._scheduled
         promoted = 0
         while heap and heap[0][0] <= now:
@@ -672,6 +676,8 @@ class JobTable:
             return False
         self._paused.discard(queue)
         self._choose()
+        self.limits.rewake()  # its parked jobs were not let go while it was paused
+        self._let_go(self.limits.drain())
         return True
 
     def evict(self, now: float) -> list[str]:
@@ -757,6 +763,7 @@ class JobTable:
         self._sole = None
         self.limits.clear()
         self._paused = set()
+        self.limits.paused = self._paused
         self._scheduled.clear()
         self._deadlines = []
         self._terminal = Fifo()
@@ -858,11 +865,13 @@ class JobTable:
     def _admit(self, entry: Entry, now: float) -> bool:
         """Whether ``entry`` (just popped from its ready queue) may start now; if not, it is parked
         (see .limits) and, for a rate, the store hears when it will be due."""
-        due = self.limits.admit(entry, now)
+        limits = self.limits
+        due = limits.admit(entry, now)
         if due is None:
             return True
         if due != math.inf and self.on_throttled is not None:
             self.on_throttled(due)
+        self._let_go(limits.drain())  # the slot it was let go for, passed on
         return False
 
     def _let_go(self, entries: list[Entry]) -> None:
@@ -895,6 +904,7 @@ class JobTable:
         best: ReadyQueue | None = None
         best_key: tuple[int, float, int] | None = None
         paused = self._paused
+        empty: list[str] = []
         for name in self._queues if queues is None else queues:
             ready = self._queues.get(name)
             if ready is None or name in paused:
@@ -902,10 +912,15 @@ class JobTable:
             while (item := ready.first()) is not None and item[2].slot != item[3]:
                 ready.pop()
             if item is None:
+                empty.append(name)
                 continue
             key = (-item[2].priority, item[0], item[1])
             if best_key is None or key < best_key:
                 best, best_key = ready, key
+        if empty:  # a queue name used once must not cost every later claim a look
+            for name in empty:
+                del self._queues[name]
+            self._choose()
         return best
 
     def _running(self, job_id: str, epoch: int) -> Entry | None:
@@ -927,9 +942,14 @@ class JobTable:
             del self._active[entry.id]
             if entry.limits:
                 entry.state = state
-                self._let_go(self.limits.unhold(entry))
+                self.limits.unhold(entry)
+                self._let_go(self.limits.drain())
         elif state is _RUNNING:
             self._active[entry.id] = entry
+        elif entry.waking is not None:  # let go for a slot, and leaving without taking it
+            entry.state = state
+            self.limits.left(entry)
+            self._let_go(self.limits.drain())
         entry.state = state
 
     def _finish(self, entry: Entry, state: JobState, now: float) -> None:
