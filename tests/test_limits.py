@@ -102,8 +102,8 @@ async def test_enqueue_adds_keys_and_the_tenant_fills_templates(autojump_clock: 
     ("task_limits", "options", "why"),
     [
         (["user:{user}"], {}, "needs payload field 'user'"),
-        (["user:{user}"], {"payload": {"user": [1]}}, "takes a string or an int"),
-        (["user:{user}"], {"payload": {"user": True}}, "takes a string or an int"),
+        (["user:{user}"], {"payload": {"user": [1]}}, "takes a string or a 64-bit int"),
+        (["user:{user}"], {"payload": {"user": True}}, "takes a string or a 64-bit int"),
         (["tenant:{tenant}"], {}, "needs the job's tenant"),
         ([], {"limits": ["nobody-declared-this"]}, "no limit is declared"),
         ([], {"limits": "gateway"}, "must be a list"),
@@ -182,3 +182,38 @@ async def test_limits_declared_after_the_queue_opened_are_refused_not_ignored() 
         with pytest.raises(trioq.InvalidJob, match="before open_queue") as caught:
             await queue.enqueue("job", limits=["late"])
         assert caught.value.field == "limits"
+
+
+@pytest.mark.parametrize(("rate", "per", "burst"), [(1e6, 1.0, None), (1.0, 1e-7, None), (1e-300, 1e10, None)])
+def test_rates_the_clock_cannot_hold_are_refused(rate: float, per: float, burst: int | None) -> None:
+    """Intervals under 0.1 ms vanish in the rounding of wall-clock floats (the bound would not hold), and
+    an infinite one would mean "never" yet admit every start."""
+    with pytest.raises(ValueError, match="out of range"):
+        trioq.Registry().limit("k", rate=rate, per=per, burst=burst)
+
+
+@pytest.mark.parametrize("extra", [False, 0, "", {}, "gateway", ["user:*"], ["a", 1]])
+async def test_enqueue_limits_must_be_a_list_of_keys(extra: Any) -> None:
+    registry = trioq.Registry()
+    registry.limit("user:*", max=1)
+
+    @registry.task
+    async def job(ctx: trioq.JobContext) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        with pytest.raises(trioq.InvalidJob) as caught:
+            await queue.enqueue("job", limits=extra)
+        assert caught.value.field == "limits"
+
+
+async def test_a_template_value_must_be_a_64_bit_int_or_a_string() -> None:
+    registry = trioq.Registry()
+    registry.limit("user:*", max=1)
+
+    @registry.task(limits=["user:{n}"])
+    async def job(ctx: trioq.JobContext, n: Any) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        with pytest.raises(trioq.InvalidJob, match="64-bit"):
+            await queue.enqueue("job", {"n": 10**5000})
+        assert (await queue.enqueue("job", {"n": 2**63 - 1})).limits == (f"user:{2**63 - 1}",)

@@ -275,7 +275,7 @@ class Queue:
             where = _where(index)
             raise InvalidJob(f"{where}key must be a non-empty string or None, got {key!r}", field=f"{where}key")
         queue, tenant, deadline, limits = spec.queue, spec.tenant, spec.deadline, spec.limits
-        if queue is None and tenant is None and deadline is None and not limits and not definition.limits:
+        if queue is None and tenant is None and deadline is None and limits == () and not definition.limits:
             return NewJob(task, payload, priority, key, max_attempts, delay, definition.queue)
         queue = definition.queue if queue is None else validate.label(f"{_where(index)}queue", queue)
         if tenant is not None:

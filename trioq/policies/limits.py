@@ -13,14 +13,19 @@ allows); this module only declares, checks and resolves them.
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import _validate as validate
-from .._model import INT_MAX, MAX_LABEL_BYTES, InvalidJob, Limit, name_problem
+from .._model import INT_MAX, MAX_LABEL_BYTES, InvalidJob, Limit, is_storable_int, name_problem
 
-__all__ = ["LimitBook", "check_templates", "fill_keys"]
+__all__ = ["MIN_INTERVAL", "LimitBook", "check_templates", "fill_keys"]
+
+#: The shortest interval between starts a rate may ask for (10,000 a second under one key): below
+#: it, float rounding of wall-clock times near 1.7e9 s (and RATE_SLACK) would swallow the bound.
+MIN_INTERVAL = 1e-4
 
 _FORMATTER = string.Formatter()
 
@@ -80,6 +85,13 @@ class LimitBook:
                 raise ValueError(f"limit {key!r}: burst is too large")
         if max is None and rate is None:
             raise ValueError(f"limit {key!r} bounds nothing: give max=, rate=, or both")
+        if rate is not None:
+            interval = per / rate
+            if not MIN_INTERVAL <= interval < math.inf or not math.isfinite(((burst or 1) - 1) * interval):
+                raise ValueError(
+                    f"limit {key!r}: one start every {interval:g} s is out of range; a rate allows at most one"
+                    f" start every {MIN_INTERVAL:g} s under one key, and a finite interval"
+                )
         if key in self._exact or any(limit.key == key for _, limit in self._patterns):
             raise ValueError(f"a limit for {key!r} is declared already")
         limit = Limit(key, max, rate, per, burst)
@@ -149,9 +161,9 @@ def fill_keys(
     keys: list[str] = []
     for template in templates:
         keys.append(_fill(template, payload, tenant, field))
+    if extra is not None and not isinstance(extra, list | tuple):
+        raise InvalidJob(f"{field} must be a list of limit keys or null, got {extra!r:.60}", field=field)
     if extra:
-        if isinstance(extra, str) or not isinstance(extra, Sequence):
-            raise InvalidJob(f"{field} must be a list of limit keys, got {extra!r:.60}", field=field)
         for key in extra:
             if not isinstance(key, str) or not key:
                 raise InvalidJob(f"{field} must hold non-empty strings, got {key!r:.60}", field=field)
@@ -161,6 +173,8 @@ def fill_keys(
         problem = name_problem(key)
         if problem is None and len(key.encode()) > MAX_LABEL_BYTES:
             problem = f"it is over {MAX_LABEL_BYTES} bytes of UTF-8"
+        if problem is None and key.endswith("*"):
+            problem = "a key ending in '*' names a pattern (declare it with registry.limit), not a key to hold"
         if problem is not None:
             raise InvalidJob(f"{field}: limit key {key[:60]!r} cannot be stored: {problem}", field=field)
         if book.resolve(key) is None:
@@ -186,9 +200,11 @@ def _fill(template: str, payload: Mapping[str, Any], tenant: str | None, field: 
         if name not in payload:
             raise InvalidJob(f"{field}: key template {template!r} needs payload field {name!r}", field=field)
         value = payload[name]
-        if isinstance(value, bool) or not isinstance(value, str | int):
+        if not isinstance(value, str) and not is_storable_int(value):
+            # (the repr of an int of thousands of digits raises: say how big it is instead)
+            shown = f"an int of {value.bit_length()} bits" if isinstance(value, int) else f"{value!r:.40}"
             raise InvalidJob(
-                f"{field}: key template {template!r} takes a string or an int from {name!r}, got {value!r:.40}",
+                f"{field}: key template {template!r} takes a string or a 64-bit int from {name!r}, got {shown}",
                 field=field,
             )
         pieces.append(str(value))
