@@ -100,6 +100,35 @@ class LimitKeyCases(CaseBase):
             claimed = await store.claim(harness.request(5))
             assert [job.id for job in claimed] == [last.id]
 
+    async def test_a_slot_passes_over_a_job_held_by_another_key_or_a_paused_queue(self, harness: Harness) -> None:
+        """The job let go for a freed slot that another full key turns back passes the slot on; a job of a
+        paused queue is not let go for one. (A store may need a second claim to see the job come back.)"""
+        harness.limit("k1", max=1)
+        harness.limit("k2", max=1)
+        async with harness.session(harness.make()) as store:
+            first, other, both, paused, last = await store.add(
+                [
+                    harness.job(limits=["k1"]),
+                    harness.job(limits=["k2"]),
+                    harness.job(limits=["k1", "k2"]),
+                    harness.job(limits=["k1"], queue="p"),
+                    harness.job(limits=["k1"]),
+                ]
+            )
+            assert [job.id for job in await store.claim(harness.request(5))] == [first.id, other.id]
+            await store.pause("p")
+            running = {job.id: job for job in await store.claim(harness.request(5))}
+            assert running == {}
+            assert await complete_one(store, Succeeded(first.id, 1, None)) is JobState.SUCCEEDED
+
+            async def claim_twice() -> list[str]:
+                claimed = await store.claim(harness.request(5))
+                return [job.id for job in claimed or await store.claim(harness.request(5))]
+
+            assert await claim_twice() == [last.id]  # not `both` (k2 is full), not `paused`
+            assert (await store.get(paused.id)).state is JobState.READY
+            assert (await store.get(both.id)).state is JobState.READY
+
     async def test_each_key_a_pattern_matches_has_its_own_limit(self, harness: Harness) -> None:
         """``user:*`` with ``max=1`` is a mutex per user; a job holding two keys needs both."""
         harness.limit("user:*", max=1)

@@ -105,6 +105,9 @@ def claim(
     rows: list[Any] = []
     due: float | None = None
     more = False
+    # Keys with room that a job parked here for another key (or a rate) held: it may have been let go
+    # for a slot of one of them, which then goes to the next job in line (unparked after the commit).
+    passed: set[str] = set()
     m = n + _EXTRA
     with conn.transaction(), _cur(conn) as cur:
         while len(rows) < n:
@@ -181,6 +184,10 @@ def claim(
                     if key is None:
                         at = _in_line(keys, bound, tats, queued, now)
                     parked.append((job_id, at, key))
+                    for k in keys:
+                        limit = bound(k)
+                        if k != key and limit is not None and limit.max is not None and held.get(k, 0) < limit.max:
+                            passed.add(k)
                     if key is None:
                         due = at if due is None else min(due, at)
             if take or parked:
@@ -207,6 +214,8 @@ def claim(
             if more or len(batch) < m:
                 break
             m = min(m * 2, _MOST)
+    if passed and unpark(conn, s, passed, limit_of):
+        more = True  # jobs came back: the caller's node claims again (others hear at their next poll)
     rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
     return [job_from_row(row) for row in rows], due, more
 
@@ -275,7 +284,8 @@ def _decide(
 
 def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], Limit | None]) -> int:
     """Slots of ``keys`` were freed (the transaction that freed them committed): under each key's lock, unpark
-    as many of the jobs parked on it as it has free slots, best first; how many were unparked."""
+    as many of the jobs parked on it as it has free slots, best first, passing over jobs of paused queues
+    (they could not take the slot; a resume unparks them); how many were unparked."""
     bound = bounding(limit_of)
     wanted = sorted({(lock_id(s, k), k) for k in keys if (limit := bound(k)) is not None and limit.max is not None})
     total = 0
@@ -294,8 +304,8 @@ def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], L
                 "  JOIN unnest(%s::text[], %s::bigint[]) AS u(key, mx) ON u.key = h.key)"
                 f" UPDATE {s}.jobs j SET parked = NULL, parked_key = NULL WHERE j.state = 'ready' AND j.id IN"
                 f" (SELECT x.id FROM r CROSS JOIN LATERAL (SELECT id FROM {s}.jobs WHERE state = 'ready'"
-                "   AND parked_key = r.key ORDER BY priority DESC, run_at, seq LIMIT greatest(r.room, 0)"
-                "   FOR UPDATE SKIP LOCKED) x)",
+                f"   AND parked_key = r.key AND queue NOT IN (SELECT queue FROM {s}.paused)"
+                "   ORDER BY priority DESC, run_at, seq LIMIT greatest(r.room, 0) FOR UPDATE SKIP LOCKED) x)",
                 (names, names, [_limit(bound, k).max for k in names]),
             )
             total += int(cur.rowcount)

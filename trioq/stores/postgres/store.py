@@ -31,6 +31,7 @@ from .._base import (
     Snoozed,
     StoreConfig,
     Succeeded,
+    no_limits,
 )
 from ..table.store import _checked
 from . import _limits
@@ -745,6 +746,12 @@ class PostgresStore:
         self._paused_known.discard(name)
         if wake is None:
             return False
+        if config.limits is not no_limits:
+            # Jobs of the queue parked on keys were not let go while it was paused (unpark skips them).
+            unparked = await self._call(_limits.repair, config.limits)
+            if unparked:
+                self._announce(unparked)
+            wake += unparked
         config.on_ready(wake)
         return True
 
