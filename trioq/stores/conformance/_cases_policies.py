@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from ..._model import RATE_SLACK, Job, JobState
-from .._base import Failed, Outcome, Released, Snoozed, Store, Succeeded
+from .._base import Failed, Outcome, Released, Snoozed, Succeeded
 from ._fixtures import CaseBase, needs
 from ._harness import START, Harness, StoreKind, claim_one, complete_one
 
@@ -64,16 +64,18 @@ class LimitKeyCases(CaseBase):
                 running = claimed[0]
             assert {job.id for job in jobs} >= {running.id}
 
-    async def test_max_counts_every_attempt_holding_the_key(self, store: Store, harness: Harness) -> None:
+    async def test_max_counts_every_attempt_holding_the_key(self, harness: Harness) -> None:
         """``max=3``: a claim of ten takes three; one more once one of them ends."""
         harness.limit("db", max=3)
-        await store.add([harness.job(limits=["db"]) for _ in range(5)])
-        claimed = await store.claim(harness.request(10))
-        assert len(claimed) == 3
-        assert await store.claim(harness.request(10)) == []
-        assert await complete_one(store, Succeeded(claimed[0].id, claimed[0].epoch, None)) is JobState.SUCCEEDED
-        assert len(await store.claim(harness.request(10))) == 1
-        assert await store.claim(harness.request(10)) == []
+        async with harness.session(harness.make()) as store:
+            await store.add([harness.job(limits=["db"]) for _ in range(5)])
+            claimed = await store.claim(harness.request(10))
+            assert len(claimed) == 3
+            assert await store.claim(harness.request(10)) == []
+            done = Succeeded(claimed[0].id, claimed[0].epoch, None)
+            assert await complete_one(store, done) is JobState.SUCCEEDED
+            assert len(await store.claim(harness.request(10))) == 1
+            assert await store.claim(harness.request(10)) == []
 
     async def test_a_slot_is_passed_on_when_the_job_let_go_for_it_never_takes_it(self, harness: Harness) -> None:
         """A freed slot goes to the next job in line; if that job leaves unclaimed (its deadline, a cancel),

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from ..._model import Job, JobState, Limit
-from .._base import ClaimRequest, NewJob, Outcome, Store, StoreConfig
+from .._base import ClaimRequest, NewJob, Outcome, Store, StoreConfig, no_limits
 
 __all__ = ["ALL_STATES", "NODE", "START", "FakeClock", "Harness", "Hints", "StoreKind", "claim_one", "complete_one"]
 
@@ -128,8 +128,11 @@ class Harness:
     limits: dict[str, Limit] = attrs.field(factory=dict)
 
     def limit(self, key: str, **bounds: Any) -> Limit:
-        """Declare a limit on ``key`` for every session of this harness (an exact key, or a pattern
-        ending in ``*``); ``bounds`` as ``Registry.limit`` takes them."""
+        """Declare a limit on ``key`` for the sessions this harness opens from now on (an exact key, or
+        a pattern ending in ``*``); ``bounds`` as ``Registry.limit`` takes them. A session opened while
+        none is declared gets :func:`~trioq.stores._base.no_limits`, as the runtime hands a store for a
+        registry that declares none: the store may then claim without looking at keys, and the cases
+        that declare none check that path."""
         self.limits[key] = limit = Limit(key, **bounds)
         return limit
 
@@ -160,7 +163,7 @@ class Harness:
             "on_scheduled": self.hints.on_scheduled,
             "on_cancel": self.hints.on_cancel,
             "on_finished": self.hints.on_finished,
-            "limits": self.limit_of,
+            "limits": self.limit_of if self.limits else no_limits,
         }
         fields.update(overrides)
         return StoreConfig(**fields)
