@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import _validate as validate
-from .._model import INT_MAX, MAX_LABEL_BYTES, InvalidJob, Limit, is_storable_int, name_problem
+from .._model import INT_MAX, InvalidJob, Limit, is_storable_int, label_problem
 
 __all__ = ["MIN_INTERVAL", "LimitBook", "check_templates", "fill_keys"]
 
@@ -63,9 +63,7 @@ class LimitBook:
         """Declare the limit of ``key`` (see ``Registry.limit``); raises ``ValueError`` or ``TypeError``."""
         if not isinstance(key, str) or not key:
             raise ValueError(f"a limit's key must be a non-empty string, got {key!r}")
-        problem = name_problem(key)
-        if problem is None and len(key.encode()) > MAX_LABEL_BYTES:
-            problem = f"it is over {MAX_LABEL_BYTES} bytes of UTF-8"
+        problem = label_problem(key)
         if problem is not None:
             raise ValueError(f"limit key {key[:60]!r} cannot be stored: {problem}")
         if "*" in key[:-1]:
@@ -170,9 +168,7 @@ def fill_keys(
             keys.append(str.__str__(key))
     unique = tuple(dict.fromkeys(keys))
     for key in unique:
-        problem = name_problem(key)
-        if problem is None and len(key.encode()) > MAX_LABEL_BYTES:
-            problem = f"it is over {MAX_LABEL_BYTES} bytes of UTF-8"
+        problem = label_problem(key)
         if problem is None and key.endswith("*"):
             problem = "a key ending in '*' names a pattern (declare it with registry.limit), not a key to hold"
         if problem is not None:

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ..._model import InvalidJob, Job, JobNotFound, JobState, Limit, label_problem
-from ..._validate import number
+from ..._model import Job, JobNotFound, JobState, Limit, label_problem
+from ..._validate import label, number
 from .._base import (
     CancelResult,
     ClaimRequest,
@@ -732,7 +732,7 @@ class PostgresStore:
         all the same. :class:`~trioq.InvalidJob` (``field="queue"``) for a name :func:`label_problem`
         refuses."""
         config = self._open()
-        name = _label(queue, "queue")
+        name = label("queue", queue)
         was_running = await self._call(sql.pause, name, config.clock(), retried=True)
         self._paused_known.add(name)
         return was_running
@@ -741,7 +741,7 @@ class PostgresStore:
         """Let every node claim ``queue``'s jobs again; whether it was paused. Wakes this node's workers
         (``on_ready``) and, by a notification in the same statement, every other node's."""
         config = self._open()
-        name = _label(queue, "queue")
+        name = label("queue", queue)
         wake = await self._call(sql.resume, name, self.channel, config.node)
         self._paused_known.discard(name)
         if wake is None:
@@ -867,14 +867,3 @@ def _expire(
 def _watched_snapshots(conn: Any, schema: str, ids: Sequence[str], watched: Any) -> list[Job]:
     wanted = [job_id for job_id in ids if job_id in watched]
     return sql.watched_terminal(conn, schema, wanted) if wanted else []
-
-
-def _label(value: object, field: str) -> str:
-    """``value`` as a plain ``str`` if it can name a queue (:func:`label_problem`), else
-    :class:`~trioq.InvalidJob` naming ``field``."""
-    problem = label_problem(value)
-    if problem is not None:
-        shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:57]) + "..."
-        raise InvalidJob(f"{field} {shown} cannot be used: {problem}", field=field)
-    assert isinstance(value, str)
-    return str.__str__(value)

@@ -28,11 +28,10 @@ from ..._model import (
     JobState,
     QueueFull,
     error_text,
-    label_problem,
     name_problem,
     storable_text,
 )
-from ..._validate import number
+from ..._validate import label, number
 from .._base import (
     CancelResult,
     ClaimRequest,
@@ -112,20 +111,11 @@ def _checked_labels(job: NewJob, where: str) -> NewJob:
     """``job`` with a storable ``queue`` and ``tenant`` (plain strings), a ``deadline`` that is a
     finite number of seconds >= 0, and ``limits`` a tuple of storable keys (plain strings, none
     twice), else :class:`~trioq.InvalidJob` naming the field."""
-    labels: list[str | None] = []
-    for field, value in (("queue", job.queue), ("tenant", job.tenant)):
-        if value is None and field == "tenant":
-            labels.append(None)
-            continue
-        problem = label_problem(value)
-        if problem is not None:
-            raise InvalidJob(f"{where}{field} {value!r:.60} cannot be stored: {problem}", field=f"{where}{field}")
-        labels.append(str.__str__(value))
+    queue = label(f"{where}queue", job.queue)
+    tenant = None if job.tenant is None else label(f"{where}tenant", job.tenant)
     deadline = job.deadline
     if deadline is not None:
         deadline = number(f"{where}deadline", deadline)
-    queue, tenant = labels
-    assert queue is not None
     limits = job.limits
     if limits:
         if not isinstance(limits, tuple) or len(set(limits)) != len(limits):
@@ -140,14 +130,6 @@ def _checked_labels(job: NewJob, where: str) -> NewJob:
     return NewJob(
         job.task, job.payload, job.priority, job.key, job.max_attempts, job.delay, queue, tenant, deadline, limits
     )
-
-
-def _label(queue: object) -> str:
-    """A queue name as a plain string, else :class:`~trioq.InvalidJob` (field ``queue``)."""
-    problem = label_problem(queue)
-    if problem is not None:
-        raise InvalidJob(f"queue {queue!r:.60} cannot be a queue's name: {problem}", field="queue")
-    return str.__str__(queue)
 
 
 def _plain_str(value: object, field: str) -> str:
@@ -498,7 +480,7 @@ class TableStore:
 
     async def pause(self, queue: str) -> bool:
         table, _ = self._open()
-        queue = _label(queue)
+        queue = label("queue", queue)
         changed = table.pause(queue)
         if changed:
             self._record(PAUSE, (queue,))
@@ -509,7 +491,7 @@ class TableStore:
 
     async def resume(self, queue: str) -> bool:
         table, config = self._open()
-        queue = _label(queue)
+        queue = label("queue", queue)
         changed = table.resume(queue)
         if changed:
             self._record(RESUME, (queue,))
