@@ -46,7 +46,7 @@ from ..._model import (
 from .limits import LimitState
 from .ready import CHUNK, Fifo, ReadyQueue
 
-__all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result"]
+__all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result", "trailing_fields"]
 
 _READY = JobState.READY
 _SCHEDULED = JobState.SCHEDULED
@@ -1137,19 +1137,25 @@ def _row(e: Entry) -> tuple[Any, ...]:
 
     A non-scalar result stays in its stored form, msgpack bytes (see
     :func:`stored_result`), which :meth:`JobTable.restore` takes back as is.
-    The trailing fields (queue, tenant, limits, after, deadline) are left off
-    while they hold their defaults.
+    Then :func:`trailing_fields`.
     """
     row = (
         e.id, e.task, _unpack(e.packed_payload), e.state.value, e.priority, e.key, e.max_attempts, e.run_at,
         e.created_at, e.seq, e.attempts, e.epoch, e.finished_at, e.result, e.error, e.errors, e.snoozes,
     )  # fmt: skip
+    return (*row, *trailing_fields(e))
+
+
+def trailing_fields(e: Entry) -> tuple[Any, ...]:
+    """The fields a WAL ADD and ENTRY record end with, ``queue, tenant, limits, after, deadline``, as far as
+    the last one not at its default (``()`` for a job of the default queue with none of them): a field
+    added and not used costs the log nothing."""
     if e.deadline is not None:
-        return (*row, e.queue, e.tenant, e.limits, (), e.deadline)
+        return (e.queue, e.tenant, e.limits, (), e.deadline)
     if e.limits:
-        return (*row, e.queue, e.tenant, e.limits)
+        return (e.queue, e.tenant, e.limits)
     if e.tenant is not None:
-        return (*row, e.queue, e.tenant)
+        return (e.queue, e.tenant)
     if e.queue != DEFAULT_QUEUE:
-        return (*row, e.queue)
-    return row
+        return (e.queue,)
+    return ()

@@ -44,7 +44,7 @@ from .._base import (
     StoreConfig,
     Succeeded,
 )
-from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload
+from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload, trailing_fields
 
 __all__ = [
     "ADD",
@@ -278,14 +278,8 @@ class TableStore:
                 fields: tuple[Any, ...] = (
                     job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, run_at, now,
                 )  # fmt: skip
-                if deadline is not None:  # the ADD record's trailing fields, left off at their defaults
-                    fields = (*fields, queue, tenant, j.limits, (), deadline)
-                elif j.limits:
-                    fields = (*fields, queue, tenant, j.limits)
-                elif tenant is not None:
-                    fields = (*fields, queue, tenant)
-                elif queue != DEFAULT_QUEUE:
-                    fields = (*fields, queue)
+                if deadline is not None or j.limits or tenant is not None or queue != DEFAULT_QUEUE:
+                    fields = (*fields, *trailing_fields(entry))
                 entry.logged = record(ADD, fields)
             job = entry.snapshot(j.payload)
             if job.state is JobState.READY:
