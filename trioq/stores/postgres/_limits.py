@@ -214,7 +214,7 @@ def claim(
             if more or len(batch) < m:
                 break
             m = min(m * 2, _MOST)
-    if passed and unpark(conn, s, passed, limit_of):
+    if unpark(conn, s, passed, limit_of):
         more = True  # jobs came back: the caller's node claims again (others hear at their next poll)
     rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
     return [job_from_row(row) for row in rows], due, more
@@ -285,7 +285,10 @@ def _decide(
 def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], Limit | None]) -> int:
     """Slots of ``keys`` were freed (the transaction that freed them committed): under each key's lock, unpark
     as many of the jobs parked on it as it has free slots, best first, passing over jobs of paused queues
-    (they could not take the slot; a resume unparks them); how many were unparked."""
+    (they could not take the slot; a resume unparks them); how many were unparked. Keys without a
+    ``max`` (none at all, too) send nothing."""
+    if not keys:  # the common call: an outcome of a job that held no key
+        return 0
     bound = bounding(limit_of)
     wanted = sorted({(lock_id(s, k), k) for k in keys if (limit := bound(k)) is not None and limit.max is not None})
     total = 0
@@ -325,4 +328,4 @@ def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None]) -> int:
             " SELECT key FROM k WHERE key IS NOT NULL",
         )
         keys = [row[0] for row in cur.fetchall()]
-    return unpark(conn, s, keys, limit_of) if keys else 0
+    return unpark(conn, s, keys, limit_of)

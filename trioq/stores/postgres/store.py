@@ -798,7 +798,7 @@ def _complete(
     and how many jobs parked on the limit keys of the attempts that ended were let go."""
     freed: set[str] = set()
     states, finished, scheduled = sql.complete(conn, schema, outcomes, now, channel, node, retried=retried, freed=freed)
-    unparked = _limits.unpark(conn, schema, freed, limit_of) if freed else 0
+    unparked = _limits.unpark(conn, schema, freed, limit_of)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
     return states, snapshots, scheduled, unparked
@@ -819,7 +819,7 @@ def _cancel(
     stopped (how many)."""
     freed: set[str] = set()
     result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
-    return result, running, _limits.unpark(conn, schema, freed, limit_of) if freed else 0
+    return result, running, _limits.unpark(conn, schema, freed, limit_of)
 
 
 def _rescue(conn: Any, schema: str, now: float, limit_of: Callable[[str], Limit | None]) -> tuple[int, int]:
@@ -828,7 +828,7 @@ def _rescue(conn: Any, schema: str, now: float, limit_of: Callable[[str], Limit 
     between an outcome and its unpark)."""
     freed: set[str] = set()
     rescued = sql.rescue(conn, schema, now, freed=freed)
-    unparked = _limits.unpark(conn, schema, freed, limit_of) if freed else 0
+    unparked = _limits.unpark(conn, schema, freed, limit_of)
     return rescued, unparked + _limits.repair(conn, schema, limit_of)
 
 
@@ -836,7 +836,7 @@ def _release_node(conn: Any, schema: str, node: str, limit_of: Callable[[str], L
     """``release_node`` in one worker thread: the jobs released plus those parked on their keys let go."""
     freed: set[str] = set()
     released = sql.release_node(conn, schema, node, freed=freed)
-    return released + (_limits.unpark(conn, schema, freed, limit_of) if freed else 0)
+    return released + _limits.unpark(conn, schema, freed, limit_of)
 
 
 def _promote(
@@ -847,8 +847,8 @@ def _promote(
     may have been let go for a slot it never took)."""
     freed: set[str] = set()
     done = sql.promote(conn, schema, now, channel, node, freed=freed)
-    if freed:
-        done = attrs.evolve(done, unparked=done.unparked + _limits.unpark(conn, schema, freed, limit_of))
+    if unparked := _limits.unpark(conn, schema, freed, limit_of):
+        done = attrs.evolve(done, unparked=done.unparked + unparked)
     return done, _watched_snapshots(conn, schema, done.expired, watched)
 
 
@@ -859,8 +859,7 @@ def _expire(
     unparked, as in :func:`_promote`)."""
     freed: set[str] = set()
     expired = sql.expire(conn, schema, now, channel, node, freed=freed)
-    if freed:
-        _limits.unpark(conn, schema, freed, limit_of)
+    _limits.unpark(conn, schema, freed, limit_of)
     return _watched_snapshots(conn, schema, expired, watched)
 
 
