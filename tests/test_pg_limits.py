@@ -8,11 +8,9 @@ run on a fake wall clock (the tests move it).
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import psycopg
 import pytest
@@ -24,23 +22,16 @@ from trioq._model import RATE_SLACK, Limit
 from trioq.stores import ClaimRequest, NewJob, StoreConfig, Succeeded
 from trioq.stores.postgres import _transitions as sql
 
+from .pgplans import START, Clock, claim_plan, jobs_scans
+
 pytestmark = pytest.mark.slow
 
-START = 1_700_000_000.0
 LIMITS = {
     "shared": Limit("shared", max=3),
     "api": Limit("api", rate=8.0, per=1.0, burst=2),
     "k": Limit("k", max=1),
     "full": Limit("full", max=1),
 }
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _limit_of(key: str) -> Limit | None:
@@ -192,47 +183,6 @@ async def test_a_dead_nodes_slot_comes_free_only_when_its_lease_is_rescued(pg_ds
 # ----------------------------------------------------------------- plans
 
 
-class _Recording:
-    """A stand-in connection recording each statement a transition sends (it answers no rows)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def cursor(self, **kwargs: Any) -> _Recording:
-        return self
-
-    def __enter__(self) -> _Recording:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def execute(self, query: str, params: Any = None, prepare: bool | None = None) -> None:
-        self.sent.append((query, params))
-
-    def fetchall(self) -> list[Any]:
-        return []
-
-
-def _plan(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
-    """EXPLAIN (ANALYZE, BUFFERS) of the claim statement (rolled back)."""
-    recording = _Recording()
-    sql.claim(recording, schema, "n", 10, None, "t", False, now=START, limit_of=_limit_of)
-    (query, params), *_ = [sent for sent in recording.sent if "FOR UPDATE SKIP LOCKED" in sent[0]]
-    with conn.transaction(force_rollback=True):
-        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, prepare=False).fetchone()
-    assert row is not None
-    plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    return dict(plan[0]["Plan"])
-
-
-def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    if node.get("Relation Name") == "jobs":
-        yield node
-    for child in node.get("Plans", ()):
-        yield from _scans(child)
-
-
 async def test_a_backlog_blocked_on_a_full_key_is_not_read_by_later_claims(pg_dsn: str) -> None:
     """10,000 jobs holding "full" (max 1, held), ahead in priority of 10 free jobs: the claim that meets
     them parks them once; from then on a claim of the free jobs is the fast statement, reading a few
@@ -251,14 +201,18 @@ async def test_a_backlog_blocked_on_a_full_key_is_not_read_by_later_claims(pg_ds
             # (about 320 pages here) and marks them dead as it goes; later scans step over them (~50
             # pages) until a vacuum drops them (3 pages). Without parking every claim would read, or
             # filter, the 10,000 blocked jobs.
-            _plan(conn, schema)
-            plan = _plan(conn, schema)
+
+            def claim(c: object) -> object:
+                return sql.claim(c, schema, "n", 10, None, "t", False, now=START, limit_of=_limit_of)
+
+            claim_plan(conn, claim)
+            plan = claim_plan(conn, claim)
             parked = conn.execute(f"SELECT count(*) FROM {schema}.jobs WHERE parked_key = 'full'").fetchone()
         assert parked == (10_000,)
         assert plan["Actual Rows"] == 10
-        assert all(scan.get("Rows Removed by Filter", 0) == 0 for scan in _scans(plan))
-        assert sum(scan.get("Actual Rows", 0) for scan in _scans(plan)) <= 30
-        (ready,) = [scan for scan in _scans(plan) if scan.get("Index Name") == "jobs_ready"]
+        assert all(scan.get("Rows Removed by Filter", 0) == 0 for scan in jobs_scans(plan))
+        assert sum(scan.get("Actual Rows", 0) for scan in jobs_scans(plan)) <= 30
+        (ready,) = [scan for scan in jobs_scans(plan) if scan.get("Index Name") == "jobs_ready"]
         assert ready["Shared Hit Blocks"] + ready.get("Shared Read Blocks", 0) < 100
         # A freed slot lets one job of the backlog go, which the next claim takes.
         await store.complete([Succeeded(running.id, running.epoch, None)])

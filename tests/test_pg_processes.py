@@ -125,6 +125,13 @@ def _all_succeeded(dsn: str, ids: list[str]) -> bool:
     return len(states) == len(ids) and set(states.values()) == {"succeeded"}
 
 
+def _running_on(journal: Path, pid: int) -> set[str]:
+    """The jobs process ``pid`` has journaled a start of and no end (running, or cut off)."""
+    lines = read_journal(journal)
+    started = {line["job"] for line in lines if line["pid"] == pid and line["event"] == "start"}
+    return started - {line["job"] for line in lines if line["pid"] == pid and line["event"] != "start"}
+
+
 def _executions(journal: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in read_journal(journal):
@@ -142,13 +149,7 @@ def test_a_killed_workers_jobs_run_again_on_the_other_within_the_lease(
     first, second = start("worker"), start("worker")
     ids = _enqueue(api.url, 40, 0.4)
 
-    def running_on_first() -> set[str]:
-        lines = read_journal(journal)
-        started = {line["job"] for line in lines if line["pid"] == first.pid and line["event"] == "start"}
-        ended = {line["job"] for line in lines if line["pid"] == first.pid and line["event"] != "start"}
-        return started - ended
-
-    held = _until(running_on_first, 10, "the first worker running jobs")
+    held = _until(lambda: _running_on(journal, first.pid), 10, "the first worker running jobs")
     os.kill(first.pid, signal.SIGKILL)
     killed_at = time.time()
     first.process.wait(timeout=10)
@@ -258,13 +259,7 @@ def test_a_limit_holds_across_nodes_a_sigkill_and_a_database_restart(
     start("worker")
     ids = _enqueue(api.url, 24, 0.3, task="limited")
 
-    def running_on_first() -> set[str]:
-        lines = read_journal(journal)
-        started = {line["job"] for line in lines if line["pid"] == first.pid and line["event"] == "start"}
-        ended = {line["job"] for line in lines if line["pid"] == first.pid and line["event"] != "start"}
-        return started - ended
-
-    held = _until(running_on_first, 10, "the first worker holding a slot")
+    held = _until(lambda: _running_on(journal, first.pid), 10, "the first worker holding a slot")
     os.kill(first.pid, signal.SIGKILL)
     killed_at = time.time()
     first.process.wait(timeout=10)

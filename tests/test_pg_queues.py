@@ -8,7 +8,6 @@ only real waits are for notifications between nodes, bounded by ``fail_after``.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -25,21 +24,12 @@ from trioq.stores import ClaimRequest, NewJob, Released, StoreConfig
 from trioq.stores.postgres import _transitions as sql
 from trioq.stores.postgres._schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
+from .pgplans import START, Clock, Recording, claim_plan, jobs_scans
+
 pytestmark = pytest.mark.slow
 
-START = 1_700_000_000.0
 #: Bounds each wait for another node's notification (they arrive within milliseconds).
 HEARD_WITHIN = 5.0
-
-
-class Clock:
-    """The wall clock of every session of a test: moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Heard:
@@ -291,33 +281,6 @@ async def test_a_started_job_and_a_retried_one_are_past_their_deadline(pg_dsn: s
 # ----------------------------------------------------------------- plans
 
 
-class _Recording:
-    """A stand-in connection: records each statement a transition sends; answers no rows, or ``one``
-    where one row is asked for."""
-
-    def __init__(self, one: tuple[Any, ...] | None = None) -> None:
-        self.sent: list[tuple[str, Any]] = []
-        self.one = one
-
-    def cursor(self, **kwargs: Any) -> _Recording:
-        return self
-
-    def __enter__(self) -> _Recording:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def execute(self, query: str, params: Any = None, prepare: bool | None = None) -> None:
-        self.sent.append((query, params))
-
-    def fetchall(self) -> list[Any]:
-        return []
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        return self.one
-
-
 @pytest.fixture
 def backlog(pg_dsn: str) -> Iterator[tuple[psycopg.Connection[Any], str]]:
     """A schema whose statistics know one queue: 20,000 ready "bulk" jobs at priority 10 (analysed),
@@ -335,37 +298,17 @@ def backlog(pg_dsn: str) -> Iterator[tuple[psycopg.Connection[Any], str]]:
         yield conn, schema
 
 
-def _plan(conn: psycopg.Connection[Any], claim: Any) -> dict[str, Any]:
-    """The plan (EXPLAIN ANALYZE, in a transaction rolled back) of the claim statement ``claim(conn)`` sends."""
-    recording = _Recording()
-    claim(recording)
-    (query, params), *_ = [sent for sent in recording.sent if "FOR UPDATE SKIP LOCKED" in sent[0]]
-    with conn.transaction(force_rollback=True):
-        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, prepare=False).fetchone()
-    assert row is not None
-    plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    return dict(plan[0]["Plan"])
-
-
-def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every scan of the jobs table in the plan under ``node``."""
-    if node.get("Relation Name") == "jobs":
-        yield node
-    for child in node.get("Plans", ()):
-        yield from _scans(child)
-
-
 def test_a_claim_of_one_queue_reads_the_queue_index_even_when_the_statistics_do_not_know_it(
     backlog: tuple[psycopg.Connection[Any], str],
 ) -> None:
     """``jobs_queue_ready``, not ``jobs_ready`` filtered past the 20,000 jobs of another queue (which the
     planner took for a queue its statistics did not know before the claim ordered by the queue first)."""
     conn, schema = backlog
-    plan = _plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START, queues=["email"]))
-    picks = [scan for scan in _scans(plan) if "Index Cond" in scan and "queue" in scan["Index Cond"]]
+    plan = claim_plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START, queues=["email"]))
+    picks = [scan for scan in jobs_scans(plan) if "Index Cond" in scan and "queue" in scan["Index Cond"]]
     assert [scan["Index Name"] for scan in picks] == ["jobs_queue_ready"]
-    assert all(scan.get("Index Name") != "jobs_ready" for scan in _scans(plan))
-    assert all(scan.get("Rows Removed by Filter", 0) == 0 for scan in _scans(plan))
+    assert all(scan.get("Index Name") != "jobs_ready" for scan in jobs_scans(plan))
+    assert all(scan.get("Rows Removed by Filter", 0) == 0 for scan in jobs_scans(plan))
     assert plan["Actual Rows"] == 10 and plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 500
 
 
@@ -373,9 +316,9 @@ def test_a_claim_of_every_queue_reads_jobs_ready_when_none_is_paused(
     backlog: tuple[psycopg.Connection[Any], str],
 ) -> None:
     conn, schema = backlog
-    plan = _plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START))
-    assert "jobs_ready" in {scan.get("Index Name") for scan in _scans(plan)}
-    assert "jobs_queue_ready" not in {scan.get("Index Name") for scan in _scans(plan)}
+    plan = claim_plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START))
+    assert "jobs_ready" in {scan.get("Index Name") for scan in jobs_scans(plan)}
+    assert "jobs_queue_ready" not in {scan.get("Index Name") for scan in jobs_scans(plan)}
     assert plan["Actual Rows"] == 10
 
 
@@ -386,11 +329,11 @@ def test_a_paused_backlog_is_stepped_over_by_the_walk_and_read_without_it(
     hundred pages and filters no row; reading jobs_ready in order filters all 20,000 each claim."""
     conn, schema = backlog
     conn.execute(f"INSERT INTO {schema}.paused (queue, paused_at) VALUES ('bulk', %s)", (START,))
-    walk = _plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START, walk=True))
-    ready = _plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START))
+    walk = claim_plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START, walk=True))
+    ready = claim_plan(conn, lambda c: sql.claim(c, schema, "n", 10, None, "t", False, now=START))
     assert walk["Actual Rows"] == ready["Actual Rows"] == 10
-    assert sum(scan.get("Rows Removed by Filter", 0) for scan in _scans(walk)) == 0
-    assert sum(scan.get("Rows Removed by Filter", 0) for scan in _scans(ready)) >= 20_000
+    assert sum(scan.get("Rows Removed by Filter", 0) for scan in jobs_scans(walk)) == 0
+    assert sum(scan.get("Rows Removed by Filter", 0) for scan in jobs_scans(ready)) >= 20_000
     walk_pages, ready_pages = (p["Shared Hit Blocks"] + p.get("Shared Read Blocks", 0) for p in (walk, ready))
     assert walk_pages < 500 and walk_pages * 3 < ready_pages
 
@@ -399,7 +342,7 @@ def test_the_expiry_and_the_next_deadline_read_the_deadline_index(backlog: tuple
     """A deadline on one job of the 20,220: the look-ups of due and next deadlines read jobs_deadline."""
     conn, schema = backlog
     conn.execute(f"UPDATE {schema}.jobs SET deadline = %s WHERE id = 'j-00020220'", (START + 5,))
-    recording = _Recording(one=(None, START + 5, [], None))  # what the first look finds: a deadline due
+    recording = Recording(one=(None, START + 5, [], None))  # what the first look finds: a deadline due
     sql.promote(recording, schema, START + 10, "ch", "n")
     (next_due, _), *_ = recording.sent
     with conn.transaction(force_rollback=True):
