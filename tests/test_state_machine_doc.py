@@ -52,7 +52,7 @@ NOT_TRANSITIONS = frozenset(
         "peek",  # promotes due jobs (as promote does), then only looks
         "clear", "restore",
         # A queue's pause is no job's transition: claims skip its jobs, which stay as they are.
-        "pause", "resume", "paused", "is_paused", "ready_in",
+        "pause", "resume", "paused", "ready_in",
     }
 )  # fmt: skip
 

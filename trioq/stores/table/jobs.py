@@ -277,9 +277,6 @@ class JobTable:
         """The paused queues' names, sorted."""
         return sorted(self._paused)
 
-    def is_paused(self, queue: str) -> bool:
-        return queue in self._paused
-
     def ready_in(self, queue: str) -> int:
         """About how many jobs of ``queue`` are ready (stale items included: a hint's size)."""
         ready = self._queues.get(queue)

@@ -202,7 +202,3 @@ class LimitState:
                 return heap[0][0]
             heapq.heappop(heap)
         return None
-
-    def parked(self) -> dict[str, int]:
-        """How many jobs are parked per key for its ``max`` (stale ones included: a figure for stats)."""
-        return {key: len(waiting) for key, waiting in self._blocked.items()}
