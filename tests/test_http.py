@@ -149,6 +149,30 @@ async def test_unknown_job_is_404_and_cancel_and_retry(client: Any, queue: trioq
     assert response.status_code == 409 and (await response.get_json())["field"] == "state"
 
 
+async def test_pause_and_resume_a_named_queue(client: Any, queue: trioq.Queue) -> None:
+    response = await client.post("/queues/email/pause", headers=AUTH)
+    assert response.status_code == 200
+    assert await response.get_json() == {"queue": "email", "paused": True, "changed": True}
+    again = await client.post("/queues/email/pause", headers=AUTH)
+    assert (await again.get_json())["changed"] is False
+    held = await queue.enqueue("echo", {"text": "a"}, queue="email")
+    free = await queue.enqueue("echo", {"text": "b"})
+    await queue.wait(free.id)
+    assert (await queue.get(held.id)).state == "ready"  # paused: not claimed
+    stats = await (await client.get("/stats", headers=AUTH)).get_json()
+    assert stats["queues"]["email"]["paused"] is True
+    response = await client.post("/queues/email/resume", headers=AUTH)
+    assert await response.get_json() == {"queue": "email", "paused": False, "changed": True}
+    assert (await queue.wait(held.id)).state == "succeeded"
+    response = await client.post("/queues/email/resume", headers=AUTH)
+    assert (await response.get_json())["changed"] is False
+    too_long = "q" * 256
+    response = await client.post(f"/queues/{too_long}/pause", headers=AUTH)
+    assert response.status_code == 400 and (await response.get_json())["field"] == "queue"
+    assert (await client.post("/queues/email/pause")).status_code == 401
+    assert (await client.get("/queues/email/pause", headers=AUTH)).status_code == 405
+
+
 async def test_queue_full_is_503_with_retry_after(client: Any, queue: trioq.Queue) -> None:
     for _ in range(5):
         await queue.enqueue("slow", delay=100)

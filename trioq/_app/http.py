@@ -14,6 +14,12 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
     GET    /jobs/<id>          the job
     DELETE /jobs/<id>          cancel it
     POST   /jobs/<id>/retry    run a dead or cancelled job again
+    POST   /queues/<name>/pause   no node claims from that named queue until resumed
+                                  -> {"queue", "paused": true, "changed"}
+    POST   /queues/<name>/resume  claims from it go on -> {"queue", "paused": false, "changed"}
+
+A queue name in a path is one segment: a queue whose name holds ``/`` is paused
+from Python (``queue.pause``), not over HTTP.
 
 ``batch`` is never a job id: ``GET`` or ``DELETE /jobs/batch`` is a 405, not a
 lookup of a job called "batch".
@@ -596,6 +602,18 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             return _json((await queue.retry(job_id)).to_dict())
         except InvalidJob as exc:
             raise _HTTPError(409, str(exc), field=exc.field) from None
+
+    @bp.post("/queues/<name>/pause")
+    @answering
+    async def pause_queue(name: str) -> Response:
+        changed = await queue.pause(name)
+        return _json({"queue": name, "paused": True, "changed": changed})
+
+    @bp.post("/queues/<name>/resume")
+    @answering
+    async def resume_queue(name: str) -> Response:
+        changed = await queue.resume(name)
+        return _json({"queue": name, "paused": False, "changed": changed})
 
     return bp
 

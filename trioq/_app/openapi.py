@@ -267,6 +267,16 @@ def _schemas() -> dict[str, Any]:
             "additionalProperties": False,
             "properties": {"ready": {"type": "boolean"}, "reason": {"type": "string"}},
         },
+        "QueueSwitch": {
+            "type": "object",
+            "required": ["queue", "paused", "changed"],
+            "additionalProperties": False,
+            "properties": {
+                "queue": {"type": "string"},
+                "paused": {"type": "boolean", "description": "Whether the queue is paused now."},
+                "changed": {"type": "boolean", "description": "False when it was in that state already."},
+            },
+        },
         "Stats": {
             "type": "object",
             "required": ["jobs", "totals", "workers", "queues"],
@@ -490,7 +500,41 @@ def _paths() -> dict[str, Any]:
                 job_id=True,
             )
         },
+        "/queues/{name}/pause": {
+            "post": _switch(
+                "pauseQueue", "Stop every node claiming jobs of the named queue (persisted; running attempts finish)."
+            )
+        },
+        "/queues/{name}/resume": {
+            "post": _switch("resumeQueue", "Let every node claim jobs of the named queue again.")
+        },
     }
+
+
+def _switch(operation_id: str, summary: str) -> dict[str, Any]:
+    """A pause or resume route of a named queue."""
+    operation = _operation(
+        operation_id,
+        summary,
+        {
+            "200": _json_body(
+                "Done; `changed` says whether the queue was in the other state before.", _schema("QueueSwitch")
+            ),
+            "400": _json_body('The name cannot name a queue (`field` is "queue").', _schema("Error")),
+            "503": _response("Unavailable"),
+        },
+        tag="queue",
+    )
+    operation["parameters"] = [
+        {
+            "name": "name",
+            "in": "path",
+            "required": True,
+            "description": "The named queue (one path segment; a name holding / is paused from Python only).",
+            "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
+        }
+    ]
+    return operation
 
 
 @cache
