@@ -202,3 +202,22 @@ async def test_bad_pause_names_and_worker_splits_are_refused() -> None:
 
         @registry.task(queue="")
         async def nameless(ctx: trioq.JobContext) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "fairness, error, words",
+    [
+        ([("a", 1.0)], TypeError, "mapping"),
+        ({"a": 0}, ValueError, "weight"),
+        ({"a": -1.0}, ValueError, "weight"),
+        ({"a": math.inf}, ValueError, "weight"),
+        ({"a": True}, ValueError, "weight"),
+        ({"a": "2"}, ValueError, "weight"),
+        ({"": 1.0}, ValueError, "tenant"),
+        ({7: 1.0}, ValueError, "tenant"),
+    ],
+)
+async def test_bad_fairness_is_refused_before_anything_opens(fairness: Any, error: type[Exception], words: str) -> None:
+    with pytest.raises(error, match=words):
+        async with trioq.open_queue(_registry(), fairness=fairness, workers=0):
+            pass

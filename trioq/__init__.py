@@ -9,6 +9,7 @@ private.
 from ._context import JobContext
 from ._exports import show_as_public
 from ._model import (
+    Adaptive,
     Backoff,
     FailedAttempt,
     InvalidJob,
@@ -18,6 +19,7 @@ from ._model import (
     JobState,
     Limit,
     NoRetry,
+    Overloaded,
     QueueFull,
     Snooze,
     TrioqError,
@@ -31,6 +33,7 @@ from .stores import MemoryStore, PostgresStore, Store, WALCorruption, WALLocked,
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adaptive",
     "Backoff",
     "FailedAttempt",
     "InvalidJob",
@@ -42,6 +45,7 @@ __all__ = [
     "Limit",
     "MemoryStore",
     "NoRetry",
+    "Overloaded",
     "PostgresStore",
     "ProcessJobContext",
     "Queue",

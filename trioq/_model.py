@@ -72,6 +72,18 @@ class NoRetry(TrioqError):
         self.reason = reason
 
 
+class Overloaded(TrioqError):
+    """Raise in a handler when its dependency is over capacity: the attempt fails as any error does
+    (counted, retried with backoff), and every :class:`Adaptive` limit key the job holds takes it as
+    an explicit overload signal and lowers its cap at once. The job's ``error`` is
+    ``"Overloaded: <reason>"``.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Snooze(TrioqError):
     """Raise in a handler to run the job again after ``seconds``, as if it had not started.
 
@@ -228,6 +240,31 @@ class Limit:
         if self.rate is None:
             return now
         return max(now, tat - self.tolerance)
+
+
+@attrs.frozen
+class Adaptive:
+    """A concurrency cap found from feedback, for ``Registry.limit(key, max=Adaptive(min, max))``.
+
+    The key's cap starts at ``min`` and moves between ``min`` and ``max`` (integers,
+    ``1 <= min <= max``) from what the attempts holding it observe on this node: their
+    latency, errors, timeouts and :class:`Overloaded`. ``max`` is the hard bound that
+    invariant 8 holds; the moving cap is this node's (with many nodes each runs its own
+    controller over the same global slots).
+    """
+
+    min: int = 1
+    max: int = 8
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("min", "max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Adaptive {name} must be an int, got {type(value).__name__}")
+        if self.min < 1:
+            raise ValueError(f"Adaptive min must be >= 1, got {self.min!r}")
+        if self.max < self.min:
+            raise ValueError(f"Adaptive max must be >= min ({self.min}), got {self.max!r}")
 
 
 @attrs.frozen

@@ -87,6 +87,7 @@ class Queue:
         retention: float,
         max_retained: int,
         poll_interval: float = 1.0,
+        fairness: Mapping[str, float] | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -127,6 +128,7 @@ class Queue:
             on_finished=self._finished,
             # A registry that declares no limit bounds no key: the stores may skip looking.
             limits=registry.limits.resolve if registry.limits else no_limits,
+            fairness=fairness,
         )
         self._progress = trio.Event()
         self._joiners = 0
@@ -524,6 +526,7 @@ async def open_queue(
     heartbeat_timeout: float | None = None,
     shutdown_grace: float = 10.0,
     max_ready: int | None = None,
+    fairness: Mapping[str, float] | None = None,
     retention: float = 3600.0,
     max_retained: int = 100_000,
     faults: FaultPlan | None = None,
@@ -553,6 +556,15 @@ async def open_queue(
     ``trioq serve`` turns it on. It does nothing under a ``MockClock`` or where
     timerfd is missing.
 
+    ``max_ready``: how many jobs may be ready or scheduled at once (``None``:
+    no bound); an enqueue past it raises :class:`~trioq.QueueFull` (HTTP 503).
+    ``fairness``: ``None`` (plain priority, then FIFO)
+    or ``{tenant: weight}``: among claimable jobs of the best priority, the
+    next claim goes to the tenant furthest behind its weighted share
+    (unlisted tenants, and jobs without a tenant, weigh 1.0; ``{}`` turns it
+    on with equal weights); a tenant returning after an idle spell starts
+    level with the others, banking no credit.
+
     ``poll_interval``: seconds between looks at the store that no hint
     prompted (for jobs another process made ready or scheduled, outcomes
     another node recorded, leases that lapsed); hints make the common case
@@ -569,6 +581,7 @@ async def open_queue(
     validate.number("shutdown_grace", shutdown_grace, infinite=True, error=ValueError)
     if max_ready is not None:
         validate.integer("max_ready", max_ready, minimum=1, error=ValueError)
+    fairness = _fairness(fairness)
     validate.flag("precise_timers", precise_timers)
     poll_interval = validate.number("poll_interval", poll_interval, above=True, infinite=True, error=ValueError)
     if faults is not None:
@@ -584,6 +597,7 @@ async def open_queue(
         retention=retention,
         max_retained=max_retained,
         poll_interval=poll_interval,
+        fairness=fairness,
     )
     if faults is not None:
         queue._faults = FaultSession(
@@ -644,3 +658,17 @@ async def open_queue(
             queue._faults.close()
     if queue._crash is not None:
         raise queue._crash
+
+
+def _fairness(fairness: object) -> dict[str, float] | None:
+    """``open_queue``'s ``fairness``, checked: ``None``, or a copy of a ``{tenant: weight}`` mapping
+    whose tenants are labels and whose weights are finite numbers > 0."""
+    if fairness is None:
+        return None
+    if not isinstance(fairness, Mapping):
+        raise TypeError(f"fairness must be None or a mapping of tenant to weight, got {type(fairness).__name__}")
+    checked: dict[str, float] = {}
+    for tenant, weight in fairness.items():
+        name = validate.label("fairness tenant", tenant, error=ValueError)
+        checked[name] = validate.number(f"fairness weight of {name!r}", weight, above=True, error=ValueError)
+    return checked

@@ -9,7 +9,7 @@ implements the same calls in SQL. Every store passes the conformance suite,
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Collection, Container, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -175,6 +175,12 @@ class StoreConfig:
     (``None``: none), which claims enforce (the registry's ``LimitBook.resolve``;
     :func:`no_limits` when it declares none, which a store may take as leave to
     claim without looking at keys).
+
+    ``fairness``: ``None`` (plain priority, then ``run_at``, then FIFO) or a
+    ``{tenant: weight}`` mapping (unlisted tenants, and jobs without one, weigh
+    1.0): among claimable jobs of the best priority the next claim goes to the
+    tenant furthest behind its weighted share (start-time fair queueing), FIFO
+    within a tenant.
     """
 
     clock: Callable[[], float]
@@ -187,6 +193,7 @@ class StoreConfig:
     watched: Container[str] = ()
     on_finished: Callable[[Job], None] = lambda job: None
     limits: Callable[[str], Limit | None] = no_limits
+    fairness: Mapping[str, float] | None = None
 
 
 class IdMaker:
