@@ -217,3 +217,35 @@ async def test_a_template_value_must_be_a_64_bit_int_or_a_string() -> None:
         with pytest.raises(trioq.InvalidJob, match="64-bit"):
             await queue.enqueue("job", {"n": 10**5000})
         assert (await queue.enqueue("job", {"n": 2**63 - 1})).limits == (f"user:{2**63 - 1}",)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_stats_show_each_keys_use_cap_tokens_and_blocked_jobs(
+    autojump_clock: trio.testing.MockClock, tmp_path: Any, durable: bool
+) -> None:
+    registry = trioq.Registry()
+    registry.limit("gateway", max=2, rate=10, per=1.0, burst=3)
+    registry.limit("user:*", max=1)
+    registry.limit("idle", max=5)
+    _tracked(registry, limits=["gateway", "user:{user}"])
+    store = trioq.WALStore(tmp_path / "wal") if durable else trioq.MemoryStore()
+    async with trioq.open_queue(registry, store=store, workers=8) as queue:
+        before = (await queue.stats())["limits"]
+        assert before["idle"] == {"in_use": 0, "cap": 5, "rate": None, "per": 1.0, "tokens": None, "blocked": 0}
+        assert before["gateway"]["tokens"] == 3 and "user:*" not in before
+        await queue.enqueue_many([JobSpec("work", {"seconds": 10.0, "user": "a"}) for _ in range(3)])
+        await queue.enqueue("work", {"seconds": 10.0, "user": "b"})
+        await trio.sleep(0.01)
+        assert (await queue.stats())["limits"]["gateway"]["tokens"] == 1  # two of three spent just now
+        await trio.sleep(1.0)
+        limits = (await queue.stats())["limits"]
+        # a's first and b's job hold gateway's two slots; a's other two wait for user:a's one slot.
+        assert limits["gateway"]["in_use"] == 2 and limits["gateway"]["cap"] == 2
+        assert limits["user:a"] == {"in_use": 1, "cap": 1, "rate": None, "per": 1.0, "tokens": None, "blocked": 2}
+        assert limits["user:b"]["in_use"] == 1 and limits["user:b"]["blocked"] == 0
+        # Two tokens of three spent 1 s ago at 10/s: both back by now.
+        assert limits["gateway"]["tokens"] == 3
+        await queue.join()
+        after = (await queue.stats())["limits"]
+        assert after["gateway"]["in_use"] == 0
+        assert all(figures["in_use"] == 0 and figures["blocked"] == 0 for figures in after.values())

@@ -219,3 +219,26 @@ async def test_a_backlog_blocked_on_a_full_key_is_not_read_by_later_claims(pg_ds
         again = await store.claim(ClaimRequest("a", 20))
         assert len([job for job in again if job.limits]) == 1 and len(again) == 11
         assert running.id == holder.id
+
+
+async def test_limit_usage_counts_every_nodes_holders_parked_jobs_and_rates(pg_dsn: str) -> None:
+    """What stats()["limits"] reads: node a's and node b's holders of "shared" together, the jobs parked
+    for "k"'s one slot, and "api"'s rate state; a key nobody uses is left out."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as a, _node(pg_dsn, schema, clock, "b") as b:
+        assert await a.limit_usage() == {}
+        await a.add([_job("shared"), _job("shared"), _job("k"), _job("k"), _job("k"), _job("api")])
+        first = await a.claim(ClaimRequest("a", 1))
+        second = await b.claim(ClaimRequest("b", 10))
+        claimed = first + second
+        assert len(claimed) == 4  # both "shared", one "k", the "api" one; two "k" jobs parked
+        usage = await b.limit_usage()
+        assert usage["shared"][:2] == (2, 0) and usage["k"][:2] == (1, 2)
+        assert usage["api"][0] == 1 and usage["api"][2] is not None and usage["api"][2] > START
+        assert "full" not in usage
+        await a.complete([Succeeded(job.id, job.epoch, None) for job in claimed if job in first])
+        await b.complete([Succeeded(job.id, job.epoch, None) for job in claimed if job in second])
+        usage = await a.limit_usage()
+        # Nothing holds a key now; the parked "k" jobs were let go to be claimed again (on PostgreSQL a
+        # freed slot unparks every job waiting on it, and the next claim parks those that still wait).
+        assert "shared" not in usage and "k" not in usage

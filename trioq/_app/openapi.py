@@ -279,12 +279,33 @@ def _schemas() -> dict[str, Any]:
         },
         "Stats": {
             "type": "object",
-            "required": ["jobs", "totals", "workers", "queues"],
+            "required": ["jobs", "totals", "workers", "queues", "limits"],
             "additionalProperties": False,
             "properties": {
                 "jobs": _counts(_STATES, "Jobs in each state now."),
                 "totals": _counts(_TOTALS, "Counters since the queue opened."),
                 "workers": _counts(_WORKERS, "This node's workers, across its pools."),
+                "limits": {
+                    "type": "object",
+                    "description": (
+                        "Each limit key declared by name or in use (held, blocking a job, or with a rate still"
+                        " recovering): attempts holding it on every node, its cap now, its rate, the starts its"
+                        " rate allows at once now, and the ready jobs waiting for a free slot of it."
+                    ),
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["in_use", "cap", "rate", "per", "tokens", "blocked"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "in_use": {"type": "integer", "minimum": 0},
+                            "cap": {"type": ["integer", "null"], "minimum": 1},
+                            "rate": {"type": ["number", "null"]},
+                            "per": {"type": "number"},
+                            "tokens": {"type": ["integer", "null"], "minimum": 0},
+                            "blocked": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                },
                 "queues": {
                     "type": "object",
                     "description": (

@@ -27,6 +27,7 @@ from .._model import (
     InvalidJob,
     Job,
     JobSpec,
+    Limit,
     TrioqError,
 )
 from .._registry import Registry
@@ -393,13 +394,48 @@ class Queue:
         """A JSON-ready snapshot: ``jobs`` per state, ``totals`` since open, ``workers`` (this node's,
         across its pools), and ``queues``: for each named queue this node serves or that is paused,
         ``{"paused": bool, "workers": this node's pool for it (0: none of its own)}``; the pool that
-        serves every queue is under ``"*"``."""
+        serves every queue is under ``"*"``; and ``limits``: for each limit key declared by name or in
+        use (held by a running attempt, blocking a job, or with a rate still recovering), ``{"in_use":
+        attempts holding it (on every node), "cap": its max now (None: no max), "rate", "per",
+        "tokens": starts its rate allows at once now (None: no rate), "blocked": ready jobs waiting
+        for a free slot of it}``. A store without ``limit_usage`` reports no use."""
         await trio.lowlevel.checkpoint()
         counts = await self.store.counts()
         paused = await self.store.paused()
         sizes = self._pool.sizes()
         queues = {name: {"paused": name in paused, "workers": sizes.get(name, 0)} for name in sorted({*sizes, *paused})}
-        return {"jobs": counts, "totals": attrs.asdict(self._totals), "workers": self._pool.stats(), "queues": queues}
+        return {
+            "jobs": counts,
+            "totals": attrs.asdict(self._totals),
+            "workers": self._pool.stats(),
+            "queues": queues,
+            "limits": await self._limit_stats(),
+        }
+
+    async def _limit_stats(self) -> dict[str, dict[str, Any]]:
+        """``stats()["limits"]``: each declared exact key and each key in use (see :meth:`stats`)."""
+        book = self.registry.limits
+        if not book:
+            return {}
+        usage_of = getattr(self.store, "limit_usage", None)
+        usage: dict[str, tuple[int, int, float | None]] = await usage_of() if usage_of is not None else {}
+        keys = {limit.key for limit in book if not limit.key.endswith("*")} | set(usage)
+        now = self._clock()
+        out: dict[str, dict[str, Any]] = {}
+        for key in sorted(keys):
+            limit = book.resolve(key)
+            if limit is None:
+                continue
+            in_use, blocked, tat = usage.get(key, (0, 0, None))
+            out[key] = {
+                "in_use": in_use,
+                "cap": limit.max,
+                "rate": limit.rate,
+                "per": limit.per,
+                "tokens": _tokens(limit, tat, now),
+                "blocked": blocked,
+            }
+        return out
 
     def observe_attempts(self, observer: Callable[[str, float, float], None]) -> None:
         """Call ``observer(task, queue_wait_s, run_s)`` after every attempt (metrics use this).
@@ -672,3 +708,15 @@ def _fairness(fairness: object) -> dict[str, float] | None:
         name = validate.label("fairness tenant", tenant, error=ValueError)
         checked[name] = validate.number(f"fairness weight of {name!r}", weight, above=True, error=ValueError)
     return checked
+
+
+def _tokens(limit: Limit, tat: float | None, now: float) -> int | None:
+    """How many starts ``limit``'s rate admits at once at ``now``, given its ``tat`` (None: unused)."""
+    if limit.rate is None:
+        return None
+    burst = 1 if limit.burst is None else limit.burst
+    if tat is None or tat <= now:
+        return burst
+    interval = limit.interval
+    spare = (limit.tolerance + interval - (tat - now)) / interval
+    return max(0, min(burst, math.floor(spare + 1e-9)))

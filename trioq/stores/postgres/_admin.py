@@ -17,7 +17,7 @@ from ._sql import not_found as _not_found
 from ._sql import one_row as _row
 from ._sql import run as _run
 
-__all__ = ["cancel", "pause", "paused", "resume", "retry"]
+__all__ = ["cancel", "limit_usage", "pause", "paused", "resume", "retry"]
 
 #: A resume wakes at most this many workers (it counts the queue's ready jobs up to here).
 _WAKE_AT_MOST = 1000
@@ -153,3 +153,31 @@ def paused(conn: Any, s: str) -> list[str]:
     """The paused queues' names, sorted as Python sorts strings (not by the database's collation)."""
     with _cur(conn) as cur:
         return sorted(row[0] for row in _run(cur, f"SELECT queue FROM {s}.paused").fetchall())
+
+
+def limit_usage(conn: Any, s: str) -> dict[str, tuple[int, int, float | None]]:
+    """Each limit key in use: ``(running attempts holding it, ready jobs parked for a free slot of
+    it, its rate's theoretical arrival time or None)``; a key with none of the three is left out.
+
+    For ``stats()``: it reads every running job's keys, the parked jobs' index and the rates' table,
+    so it costs in proportion to the jobs running and parked, not to the backlog.
+    """
+    usage: dict[str, list[Any]] = {}
+    with _cur(conn) as cur:
+        held = _run(
+            cur,
+            f"SELECT k, count(*) FROM {s}.jobs, unnest(limits) AS k"
+            " WHERE state = 'running' AND limits <> '{}' GROUP BY k",
+        ).fetchall()
+        for key, n in held:
+            usage.setdefault(key, [0, 0, None])[0] = int(n)
+        blocked = _run(
+            cur,
+            f"SELECT parked_key, count(*) FROM {s}.jobs WHERE state = 'ready' AND parked_key IS NOT NULL"
+            " AND parked = 'Infinity' GROUP BY parked_key",
+        ).fetchall()
+        for key, n in blocked:
+            usage.setdefault(key, [0, 0, None])[1] = int(n)
+        for key, tat in _run(cur, f"SELECT key, tat FROM {s}.limit_rates").fetchall():
+            usage.setdefault(key, [0, 0, None])[2] = float(tat)
+    return {key: (v[0], v[1], v[2]) for key, v in usage.items()}

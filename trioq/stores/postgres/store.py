@@ -34,7 +34,7 @@ from .._base import (
     no_limits,
 )
 from ..table.store import _checked
-from . import _limits
+from . import _admin, _limits
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
@@ -760,6 +760,12 @@ class PostgresStore:
         names = await self._call(sql.paused)
         self._paused_known = set(names)
         return names
+
+    async def limit_usage(self) -> dict[str, tuple[int, int, float | None]]:
+        """Each limit key in use across every node: ``(holders, jobs parked for a slot, rate tat or
+        None)`` (see :func:`._admin.limit_usage`)."""
+        self._open()
+        return await self._call(_admin.limit_usage)
 
     async def has_pending(self) -> bool:
         """Whether any job is ready, scheduled or running (what ``join()`` asks; cheaper than :meth:`counts`)."""

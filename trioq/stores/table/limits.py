@@ -23,7 +23,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Container
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..._model import JobState, Limit
 from .._base import no_limits
@@ -172,6 +172,18 @@ class LimitState:
         parked.extendleft(reversed(kept))
         if not parked:
             del self._blocked[key]
+
+    def usage(self) -> dict[str, tuple[int, int, float | None]]:
+        """Each key in use: ``(running attempts holding it, current jobs parked for a free slot of it,
+        its rate's ``tat`` or None)``; keys with none of the three are left out (for ``stats()``)."""
+        usage: dict[str, list[Any]] = {key: [n, 0, None] for key, n in self.holders.items()}
+        for key, parked in self._blocked.items():
+            current = sum(1 for entry, slot in parked if entry.slot == slot and entry.state is JobState.READY)
+            if current:
+                usage.setdefault(key, [0, 0, None])[1] = current
+        for key, tat in self.tat.items():
+            usage.setdefault(key, [0, 0, None])[2] = tat
+        return {key: (v[0], v[1], v[2]) for key, v in usage.items()}
 
     def sweep(self, now: float) -> None:
         """Forget rate states that have run out (a ``tat`` at or before ``now`` admits as a key never

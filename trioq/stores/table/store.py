@@ -500,3 +500,9 @@ class TableStore:
         table, _ = self._open()
         await trio.lowlevel.checkpoint()
         return table.paused()
+
+    async def limit_usage(self) -> dict[str, tuple[int, int, float | None]]:
+        """Each limit key in use: ``(holders, jobs parked for a slot, rate tat or None)``."""
+        table, _ = self._open()
+        await trio.lowlevel.checkpoint()
+        return table.limits.usage()
