@@ -159,6 +159,8 @@ async def test_pause_and_resume_a_named_queue(client: Any, queue: trioq.Queue) -
     free = await queue.enqueue("echo", {"text": "b"})
     await queue.wait(free.id)
     assert (await queue.get(held.id)).state == "ready"  # paused: not claimed
+    body = await (await client.get(f"/jobs/{held.id}", headers=AUTH)).get_json()
+    assert [reason["kind"] for reason in body["explain"]] == ["paused"] and body["state"] == "ready"
     stats = await (await client.get("/stats", headers=AUTH)).get_json()
     assert stats["queues"]["email"]["paused"] is True
     response = await client.post("/queues/email/resume", headers=AUTH)

@@ -11,7 +11,7 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
     POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?,
                                 "queue"?, "tenant"?, "deadline"?, "limits"?} -> 202
     POST   /jobs/batch         {"jobs": [...]} -> 202, all or nothing
-    GET    /jobs/<id>          the job
+    GET    /jobs/<id>          the job, with "explain": why it is not running (queue.explain's reasons)
     DELETE /jobs/<id>          cancel it
     POST   /jobs/<id>/retry    run a dead or cancelled job again
     POST   /queues/<name>/pause   no node claims from that named queue until resumed
@@ -588,7 +588,9 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     @bp.get(job_path)
     @answering
     async def get_job(job_id: str) -> Response:
-        return _json((await queue.get(job_id)).to_dict())
+        body = (await queue.get(job_id)).to_dict()
+        body["explain"] = (await queue.explain(job_id))["reasons"]
+        return _json(body)
 
     @bp.delete(job_path)
     @answering

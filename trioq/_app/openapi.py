@@ -186,6 +186,34 @@ def _schemas() -> dict[str, Any]:
             "finished_at": {"type": ["number", "null"]},
             "result": {"description": "The handler's return value once succeeded (any JSON value)."},
             "error": {"type": ["string", "null"], "description": 'The last error, as "Type: message".'},
+            "explain": {
+                "type": "array",
+                "description": (
+                    "GET /jobs/{job_id} only: why the job is not running now (queue.explain's reasons, most"
+                    " decisive first)."
+                ),
+                "items": {
+                    "type": "object",
+                    "required": ["kind", "message"],
+                    "properties": {
+                        "kind": {
+                            "enum": [
+                                "running",
+                                "finished",
+                                "scheduled",
+                                "paused",
+                                "limit",
+                                "rate",
+                                "no_workers",
+                                "busy",
+                                "claimable",
+                                "deadline",
+                            ]
+                        },
+                        "message": {"type": "string"},
+                    },
+                },
+            },
             "errors": {
                 "type": "array",
                 "description": "The last failed attempts, oldest first (at most 10), kept across retries.",

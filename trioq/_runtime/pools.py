@@ -98,6 +98,13 @@ class Pools:
                 total[name] = total.get(name, 0) + value
         return total
 
+    def idle_for(self, queue: str) -> int | None:
+        """Idle workers of the pool that serves ``queue`` (``None``: no pool of this node serves it)."""
+        for pool in self.pools:
+            if pool.size and (pool.queues is None or queue in pool.queues):
+                return pool.stats()["idle"]
+        return None
+
     def sizes(self) -> dict[str, int]:
         """Workers per named queue (``"*"``: the pool that serves every queue)."""
         return {"*" if pool.queues is None else pool.queues[0]: pool.size for pool in self.pools}

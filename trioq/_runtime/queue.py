@@ -36,6 +36,7 @@ from ..policies.limits import fill_keys
 from ..stores._base import NewJob, Store, StoreConfig, no_limits
 from ..stores.memory import MemoryStore
 from .exits import primary_error, without_cancelled
+from .explain import reasons as explain_reasons
 from .maintenance import Maintenance
 from .pools import Pools, worker_split
 from .totals import Totals
@@ -436,6 +437,31 @@ class Queue:
                 "blocked": blocked,
             }
         return out
+
+    async def explain(self, job_id: str) -> dict[str, Any]:
+        """Why the job is not running now, JSON-ready: ``{"id", "state", "queue", "reasons": [...]}``.
+
+        Each reason is ``{"kind", "message", ...}`` (most decisive first): ``scheduled`` (not due
+        yet), ``paused`` (its queue), ``limit`` (a key's slots all held), ``rate`` (no token of a
+        key's rate yet), ``no_workers`` (no pool of this node serves its queue), ``busy`` (its pool
+        has no idle worker), ``claimable``; ``running`` and ``finished`` for those states; plus a
+        ``deadline`` entry while one is still to meet. Found at one moment, not recorded: a reason
+        may pass as it is read. Raises :class:`~trioq.JobNotFound`.
+        """
+        await trio.lowlevel.checkpoint()
+        job = await self.store.get(job_id)
+        paused = await self.store.paused()
+        usage_of = getattr(self.store, "limit_usage", None)
+        usage = await usage_of() if usage_of is not None and job.limits else {}
+        found = explain_reasons(
+            job,
+            now=self._clock(),
+            paused=paused,
+            usage=usage,
+            limit_of=self.registry.limits.resolve,
+            idle=self._pool.idle_for(job.queue),
+        )
+        return {"id": job.id, "state": job.state.value, "queue": job.queue, "reasons": found}
 
     def observe_attempts(self, observer: Callable[[str, float, float], None]) -> None:
         """Call ``observer(task, queue_wait_s, run_s)`` after every attempt (metrics use this).
