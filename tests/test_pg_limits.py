@@ -242,3 +242,26 @@ async def test_limit_usage_counts_every_nodes_holders_parked_jobs_and_rates(pg_d
         # Nothing holds a key now; the parked "k" jobs were let go to be claimed again (on PostgreSQL a
         # freed slot unparks every job waiting on it, and the next claim parks those that still wait).
         assert "shared" not in usage and "k" not in usage
+
+
+async def test_run_out_rate_states_are_swept_by_evict_but_recent_ones_kept(pg_dsn: str) -> None:
+    """A rate state whose tat lies well past admits like a fresh key: evict() deletes it (per-user keys
+    must not pile up); a recent one stays, and the next sweep waits a minute."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        await a.add([_job("api")])
+        (job,) = await a.claim(ClaimRequest("a", 1))
+        await a.complete([Succeeded(job.id, job.epoch, None)])
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(f"INSERT INTO {schema}.limit_rates VALUES ('user:old', %s)", (START - 3600.0,))
+        clock.now += 61.0  # past the minute between sweeps (the session's own maintenance may have swept)
+        await a.evict()
+        assert set(await a.limit_usage()) == {"api"}  # the old one went; api's is recent
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(f"INSERT INTO {schema}.limit_rates VALUES ('user:old2', %s)", (START - 3600.0,))
+        clock.now += 30.0
+        await a.evict()
+        assert "user:old2" in await a.limit_usage()  # swept 30 s ago: the next sweep waits the minute out
+        clock.now += 10_000.0
+        await a.evict()  # the first sweep since the one a minute ago
+        assert await a.limit_usage() == {}

@@ -17,7 +17,7 @@ from ._sql import not_found as _not_found
 from ._sql import one_row as _row
 from ._sql import run as _run
 
-__all__ = ["cancel", "limit_usage", "pause", "paused", "resume", "retry"]
+__all__ = ["cancel", "limit_usage", "sweep_rates", "pause", "paused", "resume", "retry"]
 
 #: A resume wakes at most this many workers (it counts the queue's ready jobs up to here).
 _WAKE_AT_MOST = 1000
@@ -181,3 +181,17 @@ def limit_usage(conn: Any, s: str) -> dict[str, tuple[int, int, float | None]]:
         for key, tat in _run(cur, f"SELECT key, tat FROM {s}.limit_rates").fetchall():
             usage.setdefault(key, [0, 0, None])[2] = float(tat)
     return {key: (v[0], v[1], v[2]) for key, v in usage.items()}
+
+
+def sweep_rates(conn: Any, s: str, cutoff: float) -> int:
+    """Delete the rate states whose ``tat`` is at or before ``cutoff``; how many.
+
+    A key whose ``tat`` has passed admits a start exactly as a key never used does, so its row only
+    takes room (per-user keys would pile up forever). ``cutoff`` lies well before now, so that a
+    node whose clock runs behind the sweeper's still finds the rows that matter to it. A claim that
+    updates a row meanwhile is safe: the delete re-checks the row it finds updated, and a claim
+    after the delete inserts the row again.
+    """
+    with _cur(conn) as cur:
+        _run(cur, f"DELETE FROM {s}.limit_rates WHERE tat <= %s", (cutoff,))
+        return int(cur.rowcount)

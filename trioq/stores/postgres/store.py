@@ -58,6 +58,10 @@ OPEN_TIMEOUT = 15.0
 OUTAGE = 60.0
 _READY, _SCHEDULED = JobState.READY, JobState.SCHEDULED
 _OUTCOMES = (Succeeded, Failed, Released, Snoozed)
+#: Seconds between sweeps of run-out rate states, and how far before now a swept ``tat`` must lie
+#: (so that nodes whose clocks run up to that far behind still find the rows that matter to them).
+_RATE_SWEEP_EVERY = 60.0
+_RATE_SWEEP_MARGIN = 600.0
 #: No bitmap scans on trioq's own connections. Before the table's first ANALYZE (a new schema, a
 #: sudden backlog) the planner takes the ready index for a few rows and answers a claim with a
 #: bitmap scan and a sort of every ready job: 25 ms per claim at 20,000, against 2.6 ms in index
@@ -175,6 +179,8 @@ class PostgresStore:
         #: Whether a deadline may be pending (one of this node's, or one promote or a claim saw): claims
         #: then read the next deadline too, to hear of other nodes' in time.
         self._deadlines_used = False
+        #: When evict() next sweeps the run-out rate states (wall clock).
+        self._next_rate_sweep = -math.inf
         self._claim_queues: tuple[object, list[str] | None] = (None, None)
         self._last_notify = -math.inf
         self._pending_ready = 0
@@ -249,6 +255,7 @@ class PostgresStore:
         self._due = -math.inf
         self._paused_known = set()
         self._deadlines_used = False
+        self._next_rate_sweep = -math.inf
         pool = ConnectionPool(
             self.dsn,
             min_size=1,
@@ -719,8 +726,15 @@ class PostgresStore:
         self._open().on_scheduled(at)
 
     async def evict(self) -> int:
+        """Drop finished jobs past retention (see ``_transitions.evict``); and at most once per
+        :data:`_RATE_SWEEP_EVERY` seconds, the rate states that have run out (``_admin.sweep_rates``)."""
         config = self._open()
-        return await self._call(sql.evict, config.clock() - config.retention, config.max_retained)
+        now = config.clock()
+        evicted = await self._call(sql.evict, now - config.retention, config.max_retained)
+        if now >= self._next_rate_sweep:
+            self._next_rate_sweep = now + _RATE_SWEEP_EVERY
+            await self._call(_admin.sweep_rates, now - _RATE_SWEEP_MARGIN)
+        return evicted
 
     async def counts(self) -> dict[str, int]:
         self._open()
