@@ -560,3 +560,16 @@ def test_the_connection_class_swap_outlives_every_serve_but_the_last() -> None:
     assert hypercorn_run.TCPServer is swapped  # type: ignore[attr-defined]
     second.__exit__(None, None, None)
     assert hypercorn_run.TCPServer is original  # type: ignore[attr-defined]
+
+
+def test_workers_takes_a_count_or_a_pool_per_named_queue(capsys: pytest.CaptureFixture[str]) -> None:
+    from trioq._app.cli import _parser
+
+    parse = _parser().parse_args
+    assert parse(["worker", "--postgres", "x", "--workers", "3"]).workers == 3
+    assert parse(["serve", "--workers", "default=8,email=4"]).workers == {"default": 8, "email": 4}
+    for bad in ("-1", "x", "a=0", "a=1,a=2", "=3", "a=b", "a=1,"):
+        with pytest.raises(SystemExit) as exited:
+            parse(["serve", "--workers", bad])
+        assert exited.value.code == 2
+        assert "--workers" in capsys.readouterr().err

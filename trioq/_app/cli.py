@@ -20,6 +20,31 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int | dict[str, int]:
+    """``--workers``: ``N`` (one pool serving every queue), or ``NAME=N,NAME=N`` (a pool per named
+    queue, the node claiming only those)."""
+    if "=" not in text:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"give N or NAME=N,NAME=N, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+        return value
+    split: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        if not sep or not name or name in split:
+            raise argparse.ArgumentTypeError(f"give NAME=N,NAME=N with each queue once, got {text!r}")
+        try:
+            split[name] = int(size)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}={size}: the pool size must be an integer") from None
+        if split[name] < 1:
+            raise argparse.ArgumentTypeError(f"{name}={size}: a named queue's pool needs >= 1 worker")
+    return split
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trioq", description="A job runtime for trio applications.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -33,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--schema", default="trioq", help="the PostgreSQL schema of the queue (default trioq)")
     serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="with --postgres: see trioq worker")
-    serve.add_argument("--workers", type=int, default=16)
+    serve.add_argument("--workers", type=_workers, default=16, help="N, or NAME=N,NAME=N for a pool per named queue (default 16)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
@@ -51,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     work.add_argument("--postgres", required=True, metavar="DSN")
     work.add_argument("--app", metavar="MOD:REGISTRY", help="your trioq.Registry (built-in tasks are added)")
     work.add_argument("--schema", default="trioq", help="the PostgreSQL schema of the queue (default trioq)")
-    work.add_argument("--workers", type=int, default=16)
+    work.add_argument("--workers", type=_workers, default=16, help="N, or NAME=N,NAME=N for a pool per named queue (default 16)")
     work.add_argument("--lease", type=float, default=30.0, metavar="S", help="seconds before a silent node is dead")
     work.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
     work.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
