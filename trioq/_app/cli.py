@@ -58,7 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--schema", default="trioq", help="the PostgreSQL schema of the queue (default trioq)")
     serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="with --postgres: see trioq worker")
-    serve.add_argument("--workers", type=_workers, default=16, help="N, or NAME=N,NAME=N for a pool per named queue (default 16)")
+    serve.add_argument(
+        "--workers", type=_workers, default=16, help="N, or NAME=N,NAME=N for a pool per named queue (default 16)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
@@ -76,7 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     work.add_argument("--postgres", required=True, metavar="DSN")
     work.add_argument("--app", metavar="MOD:REGISTRY", help="your trioq.Registry (built-in tasks are added)")
     work.add_argument("--schema", default="trioq", help="the PostgreSQL schema of the queue (default trioq)")
-    work.add_argument("--workers", type=_workers, default=16, help="N, or NAME=N,NAME=N for a pool per named queue (default 16)")
+    work.add_argument(
+        "--workers", type=_workers, default=16, help="N, or NAME=N,NAME=N for a pool per named queue (default 16)"
+    )
     work.add_argument("--lease", type=float, default=30.0, metavar="S", help="seconds before a silent node is dead")
     work.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
     work.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
