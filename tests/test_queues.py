@@ -221,3 +221,36 @@ async def test_bad_fairness_is_refused_before_anything_opens(fairness: Any, erro
     with pytest.raises(error, match=words):
         async with trioq.open_queue(_registry(), fairness=fairness, workers=0):
             pass
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_fairness_shares_claims_by_weight_fifo_within_a_tenant(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, durable: bool
+) -> None:
+    """One worker, a backlog of 90 "noisy" jobs enqueued before 10 "small" ones: with small weighing 3,
+    small gets 3 of every 4 claims while both have jobs, each tenant's jobs run in enqueue order, and a
+    job of higher priority still goes first."""
+    order: list[tuple[str, int]] = []
+    registry = trioq.Registry()
+
+    @registry.task
+    async def work(ctx: trioq.JobContext, n: int) -> None:
+        assert ctx.job.tenant is not None
+        order.append((ctx.job.tenant, n))
+        await trio.sleep(1)
+
+    store = trioq.WALStore(tmp_path / "wal") if durable else trioq.MemoryStore()
+    async with trioq.open_queue(registry, store=store, workers=0, fairness={"small": 3.0}) as queue:
+        await queue.enqueue_many([JobSpec("work", {"n": n}, tenant="noisy") for n in range(90)])
+        await queue.enqueue_many([JobSpec("work", {"n": n}, tenant="small") for n in range(10)])
+        await queue.enqueue("work", {"n": -1}, tenant="noisy", priority=5)
+    async with trioq.open_queue(registry, store=store, workers=1, fairness={"small": 3.0}) as queue:
+        await queue.join()
+    assert order[0] == ("noisy", -1)
+    for tenant in ("noisy", "small"):
+        mine = [n for t, n in order[1:] if t == tenant]
+        assert mine == sorted(mine)
+    first = order[1:13]  # 12 claims with both backlogged: 9 small, 3 noisy
+    assert sum(1 for t, _ in first if t == "small") == 9
+    last_small = max(i for i, (t, _) in enumerate(order) if t == "small")
+    assert len(order) == 101 and last_small <= 14  # small's 10 done within its first 14 claims

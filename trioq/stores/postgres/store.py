@@ -248,6 +248,10 @@ class PostgresStore:
                 "this PostgresStore is already open by another queue; give each queue its own PostgresStore "
                 "(many may share one database)"
             )
+        if config.fairness is not None:
+            raise ValueError(
+                "PostgresStore does not order claims fairly across tenants yet; open the queue with fairness=None"
+            )
         from psycopg_pool import ConnectionPool
 
         self._config = config

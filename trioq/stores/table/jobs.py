@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Collection, Container, Iterator, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -44,7 +44,11 @@ from ..._model import (
     deadline_error,
 )
 from .limits import LimitState
+from .fair import FairReadyQueue
 from .ready import CHUNK, Fifo, ReadyQueue
+
+#: A named queue's ready jobs: plain priority/FIFO order, or fair across tenants.
+AnyReady = ReadyQueue | FairReadyQueue
 
 __all__ = ["Entry", "JobTable", "log_result", "pack_payload", "raw_payload", "stored_result", "trailing_fields"]
 
@@ -171,10 +175,12 @@ class JobTable:
         self._keys: dict[str, str] = {}  # idempotency key -> job id
         # Items are (run_at, seq, entry, token) in both; see Entry.slot. One
         # ready queue per named queue; claims skip the paused ones.
-        self._queues: dict[str, ReadyQueue] = {}
+        self._queues: dict[str, AnyReady] = {}
         # The one ready queue while there is only one and it is not paused (the common case: claims
         # then skip choosing among queues); None otherwise. See _choose.
-        self._sole: ReadyQueue | None = None
+        self._sole: AnyReady | None = None
+        # Makes each named queue's ready queue (see set_fairness).
+        self._new_ready: Callable[[], AnyReady] = ReadyQueue
         self._paused: set[str] = set()
         self._scheduled: list[tuple[float, int, Entry, int]] = []
         # (deadline, seq, entry) of never-claimed jobs with a deadline; an item
@@ -890,15 +896,27 @@ class JobTable:
         times = [t for t in (self.next_run_at(), self.next_deadline(), self.limits.next_due()) if t is not None]
         return min(times) if times else None
 
+    def set_fairness(self, weights: Mapping[str, float] | None) -> None:
+        """Order each named queue's ready jobs fairly across tenants by ``weights`` (see
+        :class:`~.fair.FairReadyQueue`), or by plain priority and FIFO (``None``); the jobs ready now
+        are moved over. Fairness tags start level: they are not kept across sessions or restarts."""
+        if weights is None:
+            self._new_ready = ReadyQueue
+        else:
+            frozen = dict(weights)
+            self._new_ready = lambda: FairReadyQueue(frozen)
+        self._queues = {name: _current_ready(ready, self._new_ready()) for name, ready in self._queues.items()}
+        self._choose()
+
     def _choose(self) -> None:
         """Keep :attr:`_sole` right after the ready queues or the pauses changed."""
         only = len(self._queues) == 1 and not self._paused
         self._sole = next(iter(self._queues.values())) if only else None
 
-    def _best(self, queues: Collection[str] | None) -> ReadyQueue | None:
+    def _best(self, queues: Collection[str] | None) -> AnyReady | None:
         """The ready queue, among ``queues`` (all: ``None``) not paused, whose first job is the best;
         ``None`` when none holds a ready job. Stale items at the heads are dropped on the way."""
-        best: ReadyQueue | None = None
+        best: AnyReady | None = None
         best_key: tuple[int, float, int] | None = None
         paused = self._paused
         empty: list[str] = []
@@ -988,11 +1006,11 @@ class JobTable:
             queues = self._queues
             ready = queues.get(entry.queue)
             if ready is None:
-                ready = queues[entry.queue] = ReadyQueue()
+                ready = queues[entry.queue] = self._new_ready()
                 self._choose()
             ready.push(entry.priority, (entry.run_at, entry.seq, entry, token))
             if ready.size > 2 * self._counts[_READY] + CHUNK:
-                queues[entry.queue] = _current_ready(ready)
+                queues[entry.queue] = _current_ready(ready, self._new_ready())
                 self._choose()
         else:
             heap = self._scheduled
@@ -1011,16 +1029,16 @@ def _ignore(job: Job) -> None:
     """The default :attr:`JobTable.on_finish`: nobody watches."""
 
 
-def _current_ready(ready: ReadyQueue) -> ReadyQueue:
+def _current_ready(ready: AnyReady, fresh: AnyReady) -> AnyReady:
     """``ready`` without its stale items.
 
     Cancelled, evicted or requeued jobs leave their queue items behind (lazy
     deletion); claims skip them, but with nothing claiming (a producer-only
     queue, jobs scheduled far ahead) they would pile up. Both queues are
     rebuilt once they hold more than twice their current jobs (plus a
-    :data:`CHUNK`), which keeps the work O(1) per push, amortised.
+    :data:`CHUNK`), which keeps the work O(1) per push, amortised. The items
+    go to ``fresh`` (an empty queue of the kind the table makes).
     """
-    fresh = ReadyQueue()
     for item in ready:
         entry: Entry = item[2]
         if entry.slot == item[3]:

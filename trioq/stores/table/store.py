@@ -203,6 +203,7 @@ class TableStore:
         table.limits.limit_of = config.limits
         table.on_unblocked = config.on_ready
         table.on_throttled = config.on_scheduled
+        table.set_fairness(config.fairness)
         self._table, self._config = table, config
 
     def _open(self) -> tuple[JobTable, StoreConfig]:
