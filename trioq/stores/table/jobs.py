@@ -43,8 +43,8 @@ from ..._model import (
     check_json,
     deadline_error,
 )
-from .limits import LimitState
 from .fair import FairReadyQueue
+from .limits import LimitState
 from .ready import CHUNK, Fifo, ReadyQueue
 
 #: A named queue's ready jobs: plain priority/FIFO order, or fair across tenants.
