@@ -53,6 +53,8 @@ NOT_TRANSITIONS = frozenset(
         "clear", "restore",
         # A queue's pause is no job's transition: claims skip its jobs, which stay as they are.
         "pause", "resume", "paused", "ready_in",
+        # The order claims take among ready jobs, not a move of any job.
+        "set_fairness",
     }
 )  # fmt: skip
 
