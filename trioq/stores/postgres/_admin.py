@@ -162,24 +162,18 @@ def limit_usage(conn: Any, s: str) -> dict[str, tuple[int, int, float | None]]:
     For ``stats()``: it reads every running job's keys, the parked jobs' index and the rates' table,
     so it costs in proportion to the jobs running and parked, not to the backlog.
     """
+    queries = (
+        f"SELECT k, count(*) FROM {s}.jobs, unnest(limits) AS k"
+        " WHERE state = 'running' AND limits <> '{}' GROUP BY k",
+        f"SELECT parked_key, count(*) FROM {s}.jobs WHERE state = 'ready' AND parked_key IS NOT NULL"
+        " AND parked = 'Infinity' GROUP BY parked_key",
+        f"SELECT key, tat FROM {s}.limit_rates",
+    )
     usage: dict[str, list[Any]] = {}
     with _cur(conn) as cur:
-        held = _run(
-            cur,
-            f"SELECT k, count(*) FROM {s}.jobs, unnest(limits) AS k"
-            " WHERE state = 'running' AND limits <> '{}' GROUP BY k",
-        ).fetchall()
-        for key, n in held:
-            usage.setdefault(key, [0, 0, None])[0] = int(n)
-        blocked = _run(
-            cur,
-            f"SELECT parked_key, count(*) FROM {s}.jobs WHERE state = 'ready' AND parked_key IS NOT NULL"
-            " AND parked = 'Infinity' GROUP BY parked_key",
-        ).fetchall()
-        for key, n in blocked:
-            usage.setdefault(key, [0, 0, None])[1] = int(n)
-        for key, tat in _run(cur, f"SELECT key, tat FROM {s}.limit_rates").fetchall():
-            usage.setdefault(key, [0, 0, None])[2] = float(tat)
+        for column, query in enumerate(queries):
+            for key, value in _run(cur, query).fetchall():
+                usage.setdefault(key, [0, 0, None])[column] = float(value) if column == 2 else int(value)
     return {key: (v[0], v[1], v[2]) for key, v in usage.items()}
 
 
