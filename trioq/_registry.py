@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from . import _validate as validate
-from ._model import DEFAULT_QUEUE, Backoff, InvalidJob, Limit, UnknownTask, name_problem
+from ._model import DEFAULT_QUEUE, Adaptive, Backoff, InvalidJob, Limit, UnknownTask, name_problem
 from .policies.limits import LimitBook, check_templates
 
 __all__ = ["Registry", "TaskDef", "TaskKind"]
@@ -119,7 +119,7 @@ class Registry:
         self,
         key: str,
         *,
-        max: int | None = None,
+        max: int | Adaptive | None = None,
         rate: float | None = None,
         per: float = 1.0,
         burst: int | None = None,
@@ -133,8 +133,12 @@ class Registry:
         it. A job is claimed only when every key it holds allows it; jobs
         blocked by a limit are passed over, not waited for. On a shared store
         the limit holds across every node, so every node must declare the
-        same limits. Raises ``ValueError`` (``TypeError`` for a non-int
-        ``max``) for a bad or duplicate declaration.
+        same limits. ``max=trioq.Adaptive(min, max)``: the cap moves between
+        ``min`` and ``max`` from the latency and failures of the attempts
+        holding the key on this node (each key of a pattern its own; see
+        docs/policies.md, "Adaptive caps"). Raises ``ValueError``
+        (``TypeError`` for a ``max`` that is not an int or an ``Adaptive``)
+        for a bad or duplicate declaration.
         """
         return self.limits.declare(key, max=max, rate=rate, per=per, burst=burst)
 

@@ -40,6 +40,7 @@ class _Worker:
     slot: int
     started: float = 0.0  # perf_counter() when the current attempt began (for its logged duration)
     wall_started: float = 0.0  # the store's clock then (kept only for observers)
+    trio_started: float = 0.0  # trio.current_time() then (kept only for adaptive limits)
     job: Job | None = None
     task: TaskDef | None = None
     attempt: Attempt | None = None
@@ -81,6 +82,7 @@ class WorkerPool:
         #: The named queues this pool's workers claim from (``None``: every queue).
         self.queues = queues
         self._registry = registry
+        self._adaptive = registry.limits.has_adaptive  # attempts holding keys report to their caps
         self._store = store
         self._clock = clock
         self._totals = totals
@@ -279,6 +281,9 @@ class WorkerPool:
                 me.started = perf_counter()
                 if self.observers:
                     me.wall_started = self._clock()
+                if self._adaptive and job.limits:
+                    me.trio_started = trio.current_time()
+                    registry.limits.started(job.limits)
                 debug = debug_enabled()
                 if debug:
                     log_started(job)
@@ -313,6 +318,10 @@ class WorkerPool:
             ran = self._clock() - me.wall_started
             for observer in self.observers:
                 observer(task.name, max(me.wall_started - job.run_at, 0.0), ran)
+        if self._adaptive and job.limits:
+            now = trio.current_time()
+            latency = now - me.trio_started if outcome is not None else math.nan
+            self._registry.limits.observe(job.limits, now, latency, failed=type(outcome) is Failed)
         try:
             if outcome is not None:
                 completer = self.completer

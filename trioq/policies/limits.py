@@ -18,8 +18,11 @@ import string
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from .. import _validate as validate
-from .._model import INT_MAX, InvalidJob, Limit, is_storable_int, label_problem
+from .._model import INT_MAX, Adaptive, InvalidJob, Limit, is_storable_int, label_problem
+from .adaptive import AdaptiveCap
 
 __all__ = ["MIN_INTERVAL", "LimitBook", "check_templates", "fill_keys"]
 
@@ -39,6 +42,8 @@ class LimitBook:
     def __init__(self) -> None:
         self._exact: dict[str, Limit] = {}
         self._patterns: list[tuple[str, Limit]] = []  # (prefix, limit), longest prefix first
+        self._adaptive: dict[str, Adaptive] = {}  # declared key or pattern -> its spec
+        self._caps: dict[str, AdaptiveCap] = {}  # concrete key -> its controller
 
     def __bool__(self) -> bool:
         return bool(self._exact) or bool(self._patterns)
@@ -55,12 +60,19 @@ class LimitBook:
         self,
         key: str,
         *,
-        max: int | None = None,
+        max: int | Adaptive | None = None,
         rate: float | None = None,
         per: float = 1.0,
         burst: int | None = None,
     ) -> Limit:
-        """Declare the limit of ``key`` (see ``Registry.limit``); raises ``ValueError`` or ``TypeError``."""
+        """Declare the limit of ``key`` (see ``Registry.limit``); raises ``ValueError`` or ``TypeError``.
+
+        With ``max=Adaptive(min, max)`` the declared limit's ``max`` is ``Adaptive.max`` (the
+        hard bound); :meth:`resolve` gives the key's current cap.
+        """
+        adaptive = max if isinstance(max, Adaptive) else None
+        if adaptive is not None:
+            max = adaptive.max
         if not isinstance(key, str) or not key:
             raise ValueError(f"a limit's key must be a non-empty string, got {key!r}")
         problem = label_problem(key)
@@ -69,7 +81,7 @@ class LimitBook:
         if "*" in key[:-1]:
             raise ValueError(f"limit key {key!r}: '*' may only end a pattern (as in 'user:*')")
         if isinstance(max, bool) or (max is not None and not isinstance(max, int)):
-            raise TypeError(f"limit {key!r}: max must be an int >= 1 or None, got {max!r}")
+            raise TypeError(f"limit {key!r}: max must be an int >= 1, trioq.Adaptive(min, max) or None, got {max!r}")
         if max is not None:
             validate.integer(f"limit {key!r}: max", max, minimum=1, error=ValueError)
         if rate is not None:
@@ -93,6 +105,8 @@ class LimitBook:
         if key in self._exact or any(limit.key == key for _, limit in self._patterns):
             raise ValueError(f"a limit for {key!r} is declared already")
         limit = Limit(key, max, rate, per, burst)
+        if adaptive is not None:
+            self._adaptive[key] = adaptive
         if key.endswith("*"):
             self._patterns.append((key[:-1], limit))
             self._patterns.sort(key=lambda item: -len(item[0]))
@@ -101,7 +115,50 @@ class LimitBook:
         return limit
 
     def resolve(self, key: str) -> Limit | None:
-        """The limit the concrete ``key`` has: its own, else the longest pattern matching it, else ``None``."""
+        """The limit the concrete ``key`` has: its own, else the longest pattern matching it, else ``None``.
+
+        For an adaptive limit, ``max`` is the key's current cap (each concrete key of a
+        pattern has its own), so the result changes as attempts report: do not cache it.
+        """
+        limit = self._declared(key)
+        if limit is None or limit.key not in self._adaptive:
+            return limit
+        return attrs.evolve(limit, max=self._cap(key, limit).cap)
+
+    @property
+    def has_adaptive(self) -> bool:
+        """Whether any declared limit is adaptive (attempts holding keys must then report)."""
+        return bool(self._adaptive)
+
+    def is_adaptive(self, key: str) -> bool:
+        """Whether the limit the concrete ``key`` has is adaptive (its cap moves)."""
+        limit = self._declared(key)
+        return limit is not None and limit.key in self._adaptive
+
+    def started(self, keys: Sequence[str]) -> None:
+        """An attempt holding ``keys`` started; each such call is followed by one :meth:`observe`."""
+        for key in keys:
+            limit = self._declared(key)
+            if limit is not None and limit.key in self._adaptive:
+                self._cap(key, limit).started()
+
+    def observe(self, keys: Sequence[str], now: float, latency: float, *, failed: bool = False) -> None:
+        """An attempt holding ``keys`` ended: feed it to each adaptive key's controller (others ignore it).
+
+        ``latency=math.nan``: the attempt's outcome was decided elsewhere (a cancel); it only ends.
+        """
+        for key in keys:
+            limit = self._declared(key)
+            if limit is not None and limit.key in self._adaptive:
+                self._cap(key, limit).observe(now, latency, failed=failed)
+
+    def include(self, other: LimitBook) -> None:
+        """Declare every limit of ``other`` here; a key declared in both raises ``ValueError``."""
+        for limit in other:
+            max: int | Adaptive | None = other._adaptive.get(limit.key, limit.max)
+            self.declare(limit.key, max=max, rate=limit.rate, per=limit.per, burst=limit.burst)
+
+    def _declared(self, key: str) -> Limit | None:
         found = self._exact.get(key)
         if found is not None:
             return found
@@ -110,10 +167,11 @@ class LimitBook:
                 return limit
         return None
 
-    def include(self, other: LimitBook) -> None:
-        """Declare every limit of ``other`` here; a key declared in both raises ``ValueError``."""
-        for limit in other:
-            self.declare(limit.key, max=limit.max, rate=limit.rate, per=limit.per, burst=limit.burst)
+    def _cap(self, key: str, limit: Limit) -> AdaptiveCap:
+        cap = self._caps.get(key)
+        if cap is None:
+            cap = self._caps[key] = AdaptiveCap(self._adaptive[limit.key])
+        return cap
 
 
 def check_templates(templates: object) -> tuple[str, ...]:
