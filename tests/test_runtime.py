@@ -581,7 +581,15 @@ def test_backoff_formula_and_validation() -> None:
 
 def test_job_state_is_a_str_enum() -> None:
     assert JobState.DEAD == "dead"
-    assert [s.value for s in JobState] == ["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
+    assert [s.value for s in JobState] == [
+        "scheduled",
+        "ready",
+        "running",
+        "succeeded",
+        "dead",
+        "cancelled",
+        "deferred",
+    ]
     assert {s for s in JobState if s.terminal} == {JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED}
 
 

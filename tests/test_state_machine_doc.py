@@ -188,7 +188,10 @@ class Scenario:
 def put(table: JobTable, state: JobState) -> Entry:
     """Job ``"j"`` (``max_attempts`` 3) in ``state``, reached through the table's own transitions."""
     run_at = LATER if state is JobState.SCHEDULED else SETUP
+    if state is JobState.DEFERRED:
+        table.defer_past = 0  # past any bound: deferred; and then no admission behind the test's back
     table.add("j", "t", {"n": 1}, 0, "key-j", 3, run_at, SETUP)
+    table.defer_past = None
     entry = table.entry("j")
     if state is JobState.RUNNING or state in (JobState.SUCCEEDED, JobState.DEAD):
         table.claim("j")
@@ -208,6 +211,30 @@ def _add(run_at: float) -> Call:
 
 def _add_packed(run_at: float) -> Call:
     return lambda table, _: table.add_packed("j", "t", msgspec.msgpack.encode({"n": 1}), 0, None, 3, run_at, NOW)
+
+
+def _add_past_bound(packed: bool) -> Call:
+    def call(table: JobTable, _: Entry) -> object:
+        if packed:
+            return table.add_packed("j", "t", b"", 0, None, 3, NOW, NOW, deferred=True)
+        table.defer_past = 0
+        return table.add("j", "t", {"n": 1}, 0, "key-j", 3, NOW, NOW)
+
+    return call
+
+
+def _admit_due(table: JobTable, _: Entry) -> object:
+    table.defer_past = 1
+    return table.admit_due(NOW)
+
+
+def _run_later(table: JobTable, entry: Entry) -> None:
+    entry.run_at = LATER
+
+
+def _refuse_admit_due(table: JobTable, entry: Entry) -> None:
+    table.defer_past = 1_000
+    assert table.admit_due(1e9) == 0
 
 
 def _fail_with(retry_at: float | None, traceback: str | None = None) -> Call:
@@ -284,6 +311,11 @@ SCENARIOS: dict[tuple[str, str], Scenario] = {
     ("add", RUN_AT_FUTURE): Scenario((_add(NOW + 0.5),)),
     ("add_packed", RUN_AT_DUE): Scenario((_add_packed(NOW), _add_packed(SETUP))),
     ("add_packed", RUN_AT_FUTURE): Scenario((_add_packed(LATER),)),
+    ("add", "past the admission bound"): Scenario((_add_past_bound(False),)),
+    ("add_packed", "past the admission bound"): Scenario((_add_past_bound(True),)),
+    ("admit", RUN_AT_DUE): Scenario((lambda table, _: table.admit("j", NOW),)),
+    ("admit", RUN_AT_FUTURE): Scenario((lambda table, _: table.admit("j", NOW),), prepare=_run_later),
+    ("admit_due", "fewer than `defer_past` jobs are ready or scheduled"): Scenario((_admit_due,)),
     ("claim", ""): Scenario((lambda table, _: table.claim("j"),)),
     ("claim_next", RUN_AT_DUE): Scenario((lambda table, _: table.claim_next(LATER),)),
     ("promote", RUN_AT_DUE): Scenario((lambda table, _: table.promote(LATER), lambda table, _: table.promote(1e9))),
@@ -490,6 +522,8 @@ PROBES: dict[str, Callable[[JobTable, Entry], None]] = {
     "drop": _refuse_by_state_error(lambda table: table.drop("j")),
     "expire": _refuse_by_state_error(lambda table: table.expire("j", NOW)),
     "expire_due": lambda table, entry: _refuse_expire_due(table),
+    "admit": _refuse_by_state_error(lambda table: table.admit("j", NOW)),
+    "admit_due": _refuse_admit_due,
     "_finish": _refuse_finish,
 }
 PROBE_MAX_RETAINED: dict[str, int] = {"_finish": 0}

@@ -852,6 +852,7 @@ def test_counts_track_every_transition() -> None:
         "succeeded": 1,
         "dead": 0,
         "cancelled": 0,
+        "deferred": 0,
     }
     table.evict(6.0)
     assert table.counts()["succeeded"] == 0

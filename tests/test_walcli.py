@@ -103,21 +103,21 @@ async def test_verify_and_inspect_name_each_segments_format(tmp_path: Path) -> N
     async with store.session(StoreConfig(clock=lambda: 1_700_004_010.0)):
         pass
     code, out, _ = _run(verify_command, wal)
-    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 4), ") and "56 jobs" in out
+    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 5), ") and "56 jobs" in out
     code, out, _ = _run(inspect_command, wal)
     assert code == 0
     lines = [line.split() for line in out.splitlines() if line.strip().endswith(".wal") or ".wal " in line]
     assert [(line[0], line[2]) for line in lines] == [
         ("00000000000000000002.wal", "2"),
         ("00000000000000000003.wal", "2"),
-        ("00000000000000000004.wal", "4"),
+        ("00000000000000000004.wal", "5"),
     ]
 
 
 async def test_verify_and_inspect_read_queues_pauses_and_expiries(tmp_path: Path) -> None:
     # Format 4's records (ADD with a queue, tenant and deadline; EXPIRE, PAUSE,
     # RESUME) replay in verify, and inspect names the paused queues.
-    from trioq.stores import NewJob
+    from trioq.stores import ClaimRequest, NewJob
 
     clock = [1_700_000_000.0]
     store = trioq.WALStore(tmp_path, fsync="never")
@@ -128,6 +128,18 @@ async def test_verify_and_inspect_read_queues_pauses_and_expiries(tmp_path: Path
         assert await store.promote() is None  # the deadline passed: EXPIRE
         await store.sync()
     code, out, err = _run(verify_command, tmp_path)
-    assert (code, err) == (0, "") and out.startswith("ok: 1 segment(s) (format 4), ") and "2 jobs" in out
+    assert (code, err) == (0, "") and out.startswith("ok: 1 segment(s) (format 5), ") and "2 jobs" in out
     code, out, _ = _run(inspect_command, tmp_path)
     assert code == 0 and "paused queues: email\n" in out and "cancelled           1" in out
+    # Format 5's: an ADD deferred past the bound, and its ADMIT once a claim makes room.
+    async with store.session(StoreConfig(clock=lambda: clock[0], defer_past=1)):
+        (deferred,) = await store.add([NewJob("t", {}, 0, None, 3)])
+        assert deferred.state == "deferred"
+        await store.sync()
+    code, out, _ = _run(inspect_command, tmp_path)
+    assert code == 0 and "deferred            1" in out, out
+    async with store.session(StoreConfig(clock=lambda: clock[0], defer_past=1)):
+        assert len(await store.claim(ClaimRequest("n", 1, 30.0))) == 1  # admits the deferred job
+        await store.sync()
+    code, out, err = _run(verify_command, tmp_path)
+    assert (code, err) == (0, "") and "3 jobs" in out, out

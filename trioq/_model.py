@@ -139,6 +139,9 @@ class JobState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    #: Enqueued past ``open_queue(max_ready=N, overflow="defer")``: kept, not claimable, admitted
+    #: (to ``READY`` or ``SCHEDULED``) oldest first as the ready and scheduled jobs drop below ``N``.
+    DEFERRED = "deferred"
 
     @property
     def terminal(self) -> bool:

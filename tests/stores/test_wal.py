@@ -582,6 +582,7 @@ async def test_recovery_after_a_crash(tmp_path: Path) -> None:
             "succeeded": 1,
             "dead": 1,
             "cancelled": 1,
+            "deferred": 0,
         }
 
 

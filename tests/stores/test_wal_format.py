@@ -45,6 +45,7 @@ from trioq.stores.wal._format import (
 from trioq.stores.wal._records import (
     RECORDS,
     Add,
+    Admit,
     Cancel,
     CheckpointBegin,
     CheckpointEnd,
@@ -97,11 +98,12 @@ def versions(wal: Path) -> dict[int, int]:
 
 @asynccontextmanager
 async def opened_limited(
-    path: Path, clock: Clock, limits: dict[str, Limit], *, retention: float = 3600.0
+    path: Path, clock: Clock, limits: dict[str, Limit], *, retention: float = 3600.0, defer_past: int | None = None
 ) -> AsyncIterator[WALStore]:
-    """``test_wal.opened``, its session knowing ``limits`` (by exact key)."""
+    """``test_wal.opened``, its session knowing ``limits`` (by exact key), deferring past ``defer_past``."""
     store = WALStore(path, fsync="never")
-    async with store.session(StoreConfig(clock=clock, retention=retention, limits=limits.get)):
+    config = StoreConfig(clock=clock, retention=retention, limits=limits.get, defer_past=defer_past)
+    async with store.session(config):
         yield store
 
 
@@ -175,6 +177,7 @@ async def test_a_format_2_log_opens_with_every_job_as_it_was(tmp_path: Path) -> 
             "succeeded": 2,
             "dead": 2,
             "cancelled": 2,
+            "deferred": 0,
         }
 
 
@@ -196,13 +199,13 @@ async def test_new_records_go_to_format_4_segments_after_the_format_2_ones(tmp_p
         assert states == [JobState.SUCCEEDED, JobState.DEAD, JobState.SCHEDULED]
         await store.sync()
         jobs = {job_id: await store.get(job_id) for job_id in IDS.values() if job_id != IDS["a_evicted"]}
-    # The old segments stay as they were (a checkpoint will delete them); the session wrote format 4.
-    assert VERSION == 4
-    assert versions(wal) == {2: 2, 3: 2, 4: 4}
+    # The old segments stay as they were (a checkpoint will delete them); the session wrote format 5.
+    assert VERSION == 5
+    assert versions(wal) == {2: 2, 3: 2, 4: 5}
     assert (wal / segment_name(2)).read_bytes() == (DATA / "wal_v2" / segment_name(2)).read_bytes()
 
     async with opened(wal, clock) as store:
-        assert store.recovery is not None and store.recovery.versions == {2: 2, 3: 2, 4: 4}
+        assert store.recovery is not None and store.recovery.versions == {2: 2, 3: 2, 4: 5}
         assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
         dead = jobs[retried.id]
         assert dead.errors == (
@@ -212,21 +215,23 @@ async def test_new_records_go_to_format_4_segments_after_the_format_2_ones(tmp_p
         assert jobs[running.id].run_at == LATER + 60.0 and jobs[running.id].state is JobState.SCHEDULED
         assert store._table is not None and store._table.entry(running.id).snoozes == 1
         await store.checkpoint()
-        assert versions(wal) == {6: 4}  # the format-2 segments are gone (5: this session's first)
+        assert versions(wal) == {6: 5}  # the format-2 segments are gone (5: this session's first)
 
     async with opened(wal, clock) as store:
-        assert store.recovery is not None and store.recovery.versions == {6: 4}
+        assert store.recovery is not None and store.recovery.versions == {6: 5}
         assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
         assert store._table is not None and store._table.entry(running.id).snoozes == 1
 
 
-@pytest.mark.parametrize("version", [1, 5, 0xFFFF])
+@pytest.mark.parametrize("version", [1, 6, 0xFFFF])
 async def test_a_segment_of_a_format_it_does_not_read_is_refused_saying_so(tmp_path: Path, version: int) -> None:
     wal = tmp_path / "wal"
     wal.mkdir()
     head = struct.pack("<8sHQ", _format.MAGIC, version, 1)
     (wal / segment_name(1)).write_bytes(head + struct.pack("<I", crc32c(head)))
-    with pytest.raises(WALCorruption, match=f"WAL format version {version}; this trioq reads versions 2, 3 and 4\\."):
+    with pytest.raises(
+        WALCorruption, match=f"WAL format version {version}; this trioq reads versions 2, 3, 4 and 5\\."
+    ):
         async with opened(wal, Clock()):
             pass  # pragma: no cover
     assert verify_command(str(wal), *_sinks()) == 1
@@ -237,10 +242,10 @@ async def test_a_segment_of_an_older_format_after_a_format_4_one_is_corruption(t
     wal = v2_log(tmp_path)
     async with opened(wal, Clock(LATER)):
         pass
-    assert versions(wal) == {2: 2, 3: 2, 4: 4}
+    assert versions(wal) == {2: 2, 3: 2, 4: 5}
     head = struct.pack("<8sHQ", _format.MAGIC, older, 5)  # as only a trioq of that format writes
     (wal / segment_name(5)).write_bytes(head + struct.pack("<I", crc32c(head)))
-    with pytest.raises(WALCorruption, match=f"format {older} after one of format 4") as info:
+    with pytest.raises(WALCorruption, match=f"format {older} after one of format 5") as info:
         async with opened(wal, Clock(LATER)):
             pass  # pragma: no cover
     assert info.value.path == str(wal / segment_name(5))
@@ -287,16 +292,16 @@ async def test_a_format_3_log_goes_on_in_format_4_and_its_checkpoint_drops_it(tm
         (labelled,) = await store.add([NewJob("t", {"n": 1}, 0, None, 3, 0.0, "email", "acme", 60.0)])
         assert await store.pause("email")
         jobs = {job_id: await store.get(job_id) for job_id in IDS_V3.values() if job_id != IDS_V3["a_evicted"]}
-    assert versions(wal) == {2: 3, 3: 3, 4: 4}
+    assert versions(wal) == {2: 3, 3: 3, 4: 5}
     assert (wal / segment_name(3)).read_bytes() == (DATA / "wal_v3" / segment_name(3)).read_bytes()
-    for _ in range(2):  # replayed from the format-4 records, then from a checkpoint of them
+    for _ in range(2):  # replayed from the format-5 records, then from a checkpoint of them
         async with opened(wal, clock) as store:
             assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
             got = await store.get(labelled.id)
             assert (got.queue, got.tenant, got.deadline) == ("email", "acme", LATER + 60.0)
             assert await store.paused() == ["email"]
             await store.checkpoint()
-    assert versions(wal) == {8: 4}  # 5 and 7: each session's first segment, 6 and 8 its checkpoint
+    assert versions(wal) == {8: 5}  # 5 and 7: each session's first segment, 6 and 8 its checkpoint
 
 
 def test_the_format_3_fixture_is_what_its_docstring_says() -> None:
@@ -500,9 +505,22 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
         clock.now += 60.0
         assert await store.evict() >= 1
         await store.sync()
+    async with opened_limited(wal, clock, limits, retention=10.0) as store:
+        assert store._table is not None  # its running jobs released at the end of the last session
+        pending = store._table.pending
+    # Admission: the first job takes the last place under the bound, the second is deferred (an
+    # ADD with its flag), a claim admits it (ADMIT), and a checkpoint holds a deferred row.
+    async with opened_limited(wal, clock, limits, retention=10.0, defer_past=pending + 1) as store:
+        first, second, third = await store.add([NewJob("t", {"d": n}, 50, None, 3) for n in range(3)])
+        assert (first.state, second.state, third.state) == (JobState.READY, JobState.DEFERRED, JobState.DEFERRED)
+        assert (await claim(store)).id == first.id
+        assert (await store.get(second.id)).state is JobState.READY
+        await store.sync()
+        shutil.copytree(wal, tmp_path / "before-second-checkpoint")
+        await store.checkpoint()
     seen: set[int] = set()
     lengths: dict[int, set[int]] = {}
-    for segment in segments(tmp_path / "before-checkpoint") + segments(wal):
+    for segment in segments(tmp_path / "before-checkpoint") + segments(tmp_path / "before-second-checkpoint"):
         for kind, payload, _ in scan_segment(str(segment)).committed():
             if kind == COMMIT:
                 continue
@@ -513,7 +531,7 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
             assert msgspec.msgpack.encode(msgspec.structs.astuple(record)[:written]) == bytes(payload), record
     assert seen == set(RECORDS)
     # Every run of ADD's and ENTRY's trailing fields, and a BEGIN with paused queues, were among them.
-    assert lengths[ADD] == {8, 9, 10, 11, 13}
+    assert lengths[ADD] == {8, 9, 10, 11, 13, 15}
     assert lengths[ENTRY] == {17, 18, 19, 20, 22}
     assert lengths[CLAIM] == {1, 2}
     assert lengths[CHECKPOINT_BEGIN] == {3}
@@ -532,4 +550,4 @@ def test_the_format_2_fixture_is_what_its_docstring_says() -> None:
                 assert len(msgspec.msgpack.decode(payload)) == 5
             if kind == ENTRY:
                 assert len(msgspec.msgpack.decode(payload)) == 15
-    assert kinds == (set(RECORDS) - {Snooze.kind, Expire.kind, Pause.kind, Resume.kind}) | {COMMIT}
+    assert kinds == (set(RECORDS) - {Snooze.kind, Expire.kind, Pause.kind, Resume.kind, Admit.kind}) | {COMMIT}

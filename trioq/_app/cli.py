@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
         " printable ASCII, no spaces; with neither set, no authentication)",
     )
     serve.add_argument("--max-ready", type=_positive_int, default=None)
+    serve.add_argument(
+        "--overflow",
+        choices=("refuse", "defer"),
+        default="refuse",
+        help="past --max-ready: refuse the enqueue (503, the default) or keep the job deferred",
+    )
     serve.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
     serve.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S")
     serve.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
@@ -147,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         if args.postgres is not None and args.memory:
             args.usage_error("--postgres and --memory name two stores; give one")
+        if args.overflow == "defer" and args.max_ready is None:
+            args.usage_error("--overflow defer needs --max-ready N: the bound past which jobs are deferred")
         args.token = _serve_token(args, args.usage_error)
         from .serve import serve
 

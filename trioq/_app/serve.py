@@ -187,6 +187,7 @@ async def serve(args: Any) -> None:
         workers=args.workers,
         heartbeat_timeout=args.heartbeat_timeout,
         max_ready=args.max_ready,
+        overflow=args.overflow,
         shutdown_grace=args.shutdown_grace,
         precise_timers=True,  # a service owns its trio run: deadlines wake on time
     ) as queue:

@@ -27,7 +27,8 @@ def reasons(
 ) -> list[dict[str, Any]]:
     """Each reason ``job`` is not running now, most decisive first, as ``{"kind", "message", ...}``.
 
-    Kinds: ``running``, ``finished`` (terminal), ``scheduled`` (``run_at`` ahead), ``paused`` (its
+    Kinds: ``running``, ``finished`` (terminal), ``deferred`` (enqueued past ``max_ready``, waiting
+    for admission), ``scheduled`` (``run_at`` ahead), ``paused`` (its
     named queue), ``limit`` (a key's slots all held: ``key``, ``in_use``, ``cap``), ``rate`` (a
     key's rate has no token now: ``key``, ``due_in`` seconds), ``no_workers`` (``idle is None``:
     this node has no pool for the job's queue; another node may), ``busy`` (every worker of the
@@ -40,6 +41,13 @@ def reasons(
     if state.terminal:
         return [{"kind": "finished", "message": f"finished: {state.value}"}]
     out: list[dict[str, Any]] = []
+    if state is JobState.DEFERRED:
+        out.append(
+            {
+                "kind": "deferred",
+                "message": "deferred past max_ready: admitted, oldest first, once fewer jobs are ready or scheduled",
+            }
+        )
     if state is JobState.SCHEDULED:
         wait = max(0.0, job.run_at - now)
         out.append({"kind": "scheduled", "message": f"not due yet: it runs in {wait:.3f}s", "due_in": wait})

@@ -90,12 +90,14 @@ class Queue:
         max_retained: int,
         poll_interval: float = 1.0,
         fairness: Mapping[str, float] | None = None,
+        overflow: str = "refuse",
     ) -> None:
         self.registry = registry
         self.store = store
         #: This runtime's name in the store: its claims are this node's.
         self.node = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        self._max_ready = max_ready
+        # With overflow="defer" the store holds the bound (StoreConfig.defer_past): nothing is refused.
+        self._max_ready = max_ready if overflow == "refuse" else None
         self._poll_interval = poll_interval
         self._offset = time.time() - trio.current_time()
         self._totals = Totals()
@@ -131,6 +133,7 @@ class Queue:
             # A registry that declares no limit bounds no key: the stores may skip looking.
             limits=registry.limits.resolve if registry.limits else no_limits,
             fairness=fairness,
+            defer_past=max_ready if overflow == "defer" else None,
         )
         self._progress = trio.Event()
         self._joiners = 0
@@ -532,12 +535,12 @@ class Queue:
         return trio.current_time() + self._offset
 
     async def _pending(self) -> bool:
-        """Whether any job is ready, scheduled or running (a store may answer it cheaper than its counts)."""
+        """Whether any job is ready, scheduled, running or deferred (a store may answer it cheaper than its counts)."""
         has_pending = getattr(self.store, "has_pending", None)
         if has_pending is not None:
             return bool(await has_pending())
         counts = await self.store.counts()
-        return counts["ready"] + counts["scheduled"] + counts["running"] > 0
+        return counts["ready"] + counts["scheduled"] + counts["running"] + counts.get("deferred", 0) > 0
 
     def _check_open(self) -> None:
         if self._closing:
@@ -588,6 +591,7 @@ async def open_queue(
     heartbeat_timeout: float | None = None,
     shutdown_grace: float = 10.0,
     max_ready: int | None = None,
+    overflow: str = "refuse",
     fairness: Mapping[str, float] | None = None,
     retention: float = 3600.0,
     max_retained: int = 100_000,
@@ -619,7 +623,15 @@ async def open_queue(
     timerfd is missing.
 
     ``max_ready``: how many jobs may be ready or scheduled at once (``None``:
-    no bound); an enqueue past it raises :class:`~trioq.QueueFull` (HTTP 503).
+    no bound). What an enqueue past it does is ``overflow``'s: ``"refuse"``
+    (the default) raises :class:`~trioq.QueueFull` (HTTP 503), adding
+    nothing; ``"defer"`` adds the job (durably, keyed) as ``deferred``: not
+    claimable, admitted (ready, or scheduled if its delay runs on) oldest
+    first, fairly across tenants with ``fairness`` on, as soon as fewer than
+    ``max_ready`` jobs are ready or scheduled. A deferred job's ``deadline``
+    runs from its enqueue; ``join()`` waits for deferred jobs too. Retries and
+    snoozes are never deferred (they may take the count past ``max_ready``).
+    On a shared store every node must use the same bound.
     ``fairness``: ``None`` (plain priority, then FIFO)
     or ``{tenant: weight}``: among claimable jobs of the best priority, the
     next claim goes to the tenant furthest behind its weighted share
@@ -643,6 +655,10 @@ async def open_queue(
     validate.number("shutdown_grace", shutdown_grace, infinite=True, error=ValueError)
     if max_ready is not None:
         validate.integer("max_ready", max_ready, minimum=1, error=ValueError)
+    if overflow not in ("refuse", "defer"):
+        raise ValueError(f'overflow must be "refuse" or "defer", got {overflow!r}')
+    if overflow == "defer" and max_ready is None:
+        raise ValueError('overflow="defer" needs a max_ready bound to defer past (an int >= 1)')
     fairness = _fairness(fairness)
     validate.flag("precise_timers", precise_timers)
     poll_interval = validate.number("poll_interval", poll_interval, above=True, infinite=True, error=ValueError)
@@ -660,6 +676,7 @@ async def open_queue(
         max_retained=max_retained,
         poll_interval=poll_interval,
         fairness=fairness,
+        overflow=overflow,
     )
     if faults is not None:
         queue._faults = FaultSession(

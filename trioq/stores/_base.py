@@ -181,6 +181,22 @@ class StoreConfig:
     1.0): among claimable jobs of the best priority the next claim goes to the
     tenant furthest behind its weighted share (start-time fair queueing), FIFO
     within a tenant.
+
+    ``defer_past``: ``None`` (no admission bound here; ``add(max_pending=)``
+    may still refuse) or ``N``: a job added while ``N`` or more jobs are ready
+    or scheduled (the batch's earlier jobs counted), or while any job is
+    deferred, goes ``DEFERRED`` instead: stored, keyed, counted, cancellable,
+    its deadline running, but never claimed. The store *admits* deferred jobs
+    (to ``READY``, or ``SCHEDULED`` if their ``run_at`` is still ahead) oldest
+    first, by enqueue order (with ``fairness``: the tenant furthest behind its
+    weighted share of admissions first, oldest first within a tenant), while
+    fewer than ``N`` jobs are ready or scheduled: inside the transition that
+    made the room (a claim, a cancel, an expiry, a purge) and when a session
+    opens. Jobs coming back from ``RUNNING`` (a retry, a snooze, a release)
+    are never deferred and may take the count past ``N``. On a shared store
+    the bound is global: every node must open with the same ``N``. A job
+    admitted ready counts for ``on_ready``; a deferred job's deadline is
+    passed to ``on_scheduled``.
     """
 
     clock: Callable[[], float]
@@ -194,6 +210,7 @@ class StoreConfig:
     on_finished: Callable[[Job], None] = lambda job: None
     limits: Callable[[str], Limit | None] = no_limits
     fairness: Mapping[str, float] | None = None
+    defer_past: int | None = None
 
 
 class IdMaker:
@@ -239,7 +256,7 @@ class Store(Protocol):
     # checked protocol): ``lease`` (float seconds), the lease the runtime claims and extends with
     # instead of its default 30 s; ``leading() -> bool``, whether this session is the one node
     # that runs store-wide upkeep now (rescue and eviction; without it, every session does);
-    # ``async has_pending() -> bool``, whether any job is ready, scheduled or running, when the
+    # ``async has_pending() -> bool``, whether any job is ready, scheduled, running or deferred, when the
     # store answers that cheaper than :meth:`counts` (``join()`` asks it).
 
     def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:

@@ -40,6 +40,7 @@ class MemoryStore(TableStore):
             self._table.max_retained = config.max_retained
             self._table.evict(config.clock())  # the new bounds hold from the start
         self._attach(self._table, config)
+        self._admit_at_open()
         try:
             yield
         finally:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from ..._exports import show_as_public
 from ._cases_admin import CancelCases, EvictCases, PromoteCases, RescueCases, RetryCases, ViewCases
+from ._cases_defer import DeferCases
 from ._cases_jobs import AddCases, ClaimCases, CompleteCases, ExtendCases
 from ._cases_limits import LimitCases
 from ._cases_model import ModelCases
@@ -57,6 +58,7 @@ class StoreConformance(
     # pytest collects inherited cases base class first (reverse MRO): this
     # order runs them from add to the model-based run.
     ModelCases,
+    DeferCases,
     LimitInvariantCases,
     LimitKeyCases,
     DeadlineCases,

@@ -58,6 +58,7 @@ _RUNNING = JobState.RUNNING
 _SUCCEEDED = JobState.SUCCEEDED
 _DEAD = JobState.DEAD
 _CANCELLED = JobState.CANCELLED
+_DEFERRED = JobState.DEFERRED
 
 
 class Entry(msgspec.Struct, gc=False, eq=False):
@@ -217,6 +218,15 @@ class JobTable:
         #: with a time when a job passed over for a rate will be due then (the store's hints).
         self.on_unblocked: Callable[[int], None] | None = None
         self.on_throttled: Callable[[float], None] | None = None
+        #: Admission (``StoreConfig.defer_past``): ``None``, or the ready + scheduled count at and
+        #: past which a new job is deferred; deferred jobs are admitted as it drops below. Replay
+        #: runs with ``None`` (an ADD says whether its job was deferred, an ADMIT each admission).
+        self.defer_past: int | None = None
+        # The deferred jobs in admission order, as ready-queue items (0.0, seq, entry, token) of
+        # priority 0: enqueue order, or fair across tenants (see set_fairness).
+        self._deferred: AnyReady = ReadyQueue()
+        #: Called with each entry a transition admitted, and the time (a durable store logs it).
+        self.on_admit: Callable[[Entry, float], None] | None = None
 
     # ----------------------------------------------------------------- queries
 
@@ -277,7 +287,7 @@ class JobTable:
     def needs_clock(self) -> bool:
         """Whether :meth:`claim_next` needs the real time: a job may be scheduled, have a deadline, or
         hold a limit key (rates go by the clock)."""
-        return bool(self._scheduled) or bool(self._deadlines) or self.limits.used
+        return bool(self._scheduled) or bool(self._deadlines) or self.limits.used or self._counts[_DEFERRED] > 0
 
     def paused(self) -> list[str]:
         """The paused queues' names, sorted."""
@@ -299,7 +309,7 @@ class JobTable:
         return None
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a never-claimed ready or scheduled job, or ``None``."""
+        """The earliest deadline of a never-claimed ready, scheduled or deferred job, or ``None``."""
         heap = self._deadlines
         while heap:
             deadline, _, entry = heap[0]
@@ -365,12 +375,16 @@ class JobTable:
         tenant: str | None = None,
         deadline: float | None = None,
         limits: tuple[str, ...] = (),
+        deferred: bool | None = None,
     ) -> str | None:
         """:meth:`add` with the payload already msgpack-encoded, and no snapshot.
 
         Returns ``None`` when the job was inserted, or the id of the job that
         holds ``key``. The arguments are those of a WAL ADD record, whose
         payload replay reads as raw msgpack: this is the replay path.
+        ``deferred``: whether the job starts ``deferred`` (replay says);
+        ``None``: as :attr:`defer_past` decides (any job deferred already, or
+        ready + scheduled at the bound).
         """
         if key is not None:
             existing = self._keys.get(key)
@@ -380,7 +394,10 @@ class JobTable:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
         seq = self._next_seq
         self._next_seq = seq + 1
-        state = _SCHEDULED if run_at > now else _READY
+        if deferred is None:
+            bound = self.defer_past
+            deferred = bound is not None and (self._counts[_DEFERRED] > 0 or self.pending >= bound)
+        state = _DEFERRED if deferred else _SCHEDULED if run_at > now else _READY
         self._insert(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq, queue, tenant)
         if limits:
             self._jobs[job_id].limits = limits
@@ -406,7 +423,7 @@ class JobTable:
         queue: str,
         tenant: str | None,
     ) -> None:
-        """File a never-run ready or scheduled job."""
+        """File a never-run ready, scheduled or deferred job."""
         if payload == _EMPTY_MAP:
             payload = b""
         entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, created_at, seq)
@@ -458,6 +475,8 @@ class JobTable:
                     self._active[entry.id] = entry
                     if entry.limits:
                         self.limits.hold(entry, now)
+                    if counts[_DEFERRED]:
+                        self.admit_due(now)
                     return entry
             else:
                 return None
@@ -584,6 +603,8 @@ class JobTable:
             return entry, False, None
         running_epoch = entry.epoch if entry.state is _RUNNING else None
         self._finish(entry, _CANCELLED, now)  # its queue item goes stale: _retain moves the slot on
+        if self._counts[_DEFERRED]:
+            self.admit_due(now)
         return entry, True, running_epoch
 
     def retry(self, job_id: str, now: float) -> Entry:
@@ -629,8 +650,9 @@ class JobTable:
         return promoted
 
     def expire_due(self, now: float) -> int:
-        """Cancel every never-claimed ready or scheduled job whose deadline is at or before ``now``
-        (each through :meth:`expire`, then :attr:`on_expire`); returns how many."""
+        """Cancel every never-claimed ready, scheduled or deferred job whose deadline is at or before
+        ``now`` (each through :meth:`expire`, then :attr:`on_expire`), then admit deferred jobs into
+        the room made (:meth:`admit_due`); returns how many expired."""
         heap = self._deadlines
         expired = 0
         while heap and heap[0][0] <= now:
@@ -641,14 +663,16 @@ class JobTable:
             expired += 1
             if self.on_expire is not None:
                 self.on_expire(entry)
-        live = self._counts[_READY] + self._counts[_SCHEDULED]
+        if expired and self._counts[_DEFERRED]:
+            self.admit_due(now)
+        live = self._counts[_READY] + self._counts[_SCHEDULED] + self._counts[_DEFERRED]
         if len(heap) > 2 * live + CHUNK:  # claimed and finished jobs leave their items behind
             self._deadlines = [item for item in heap if _expirable(item[2], item[0])]
             heapq.heapify(self._deadlines)
         return expired
 
     def expire(self, job_id: str, now: float) -> Entry:
-        """Cancel a never-claimed ready or scheduled job for its deadline (its error says so).
+        """Cancel a never-claimed ready, scheduled or deferred job for its deadline (its error says so).
 
         Replay calls this for the record a sweep logged. Raises
         :class:`~trioq.InvalidJob` for a job that has started, finished, or has no deadline.
@@ -658,12 +682,60 @@ class JobTable:
         if deadline is None or not _expirable(entry, deadline):
             raise InvalidJob(
                 f"job {job_id!r} is {entry.state.value} (epoch {entry.epoch}, deadline {deadline!r}); only a "
-                "never-claimed ready or scheduled job with a deadline can expire",
+                "never-claimed ready, scheduled or deferred job with a deadline can expire",
                 field="state",
             )
         entry.error = deadline_error(entry.created_at, deadline)
         self._finish(entry, _CANCELLED, now)
         return entry
+
+    def admit_due(self, now: float) -> int:
+        """Admit deferred jobs while fewer than :attr:`defer_past` jobs are ready or scheduled;
+        returns how many. Oldest first (fair across tenants with fairness on); each goes ``ready``,
+        or ``scheduled`` if its ``run_at`` is after ``now``, then to :attr:`on_admit`. The store
+        hears of them as of let-go jobs (:attr:`on_unblocked`, :attr:`on_throttled`).
+
+        Claims, cancels and expiries call it (a claim and a cancel only when some job is
+        deferred); the store calls it when a session opens. Nothing happens with
+        :attr:`defer_past` ``None``: so in replay, where ADMIT records say what was admitted.
+        """
+        bound = self.defer_past
+        counts = self._counts
+        if bound is None or not counts[_DEFERRED]:
+            return 0
+        deferred = self._deferred
+        admitted = ready = 0
+        while counts[_READY] + counts[_SCHEDULED] < bound and (item := deferred.pop()) is not None:
+            entry: Entry = item[2]
+            if entry.slot != item[3] or entry.state is not _DEFERRED:
+                continue
+            self._admit_one(entry, now)
+            admitted += 1
+            if entry.state is _READY:
+                ready += 1
+            elif self.on_throttled is not None:
+                self.on_throttled(entry.run_at)
+            if self.on_admit is not None:
+                self.on_admit(entry, now)
+        if ready and self.on_unblocked is not None:
+            self.on_unblocked(ready)
+        return admitted
+
+    def admit(self, job_id: str, now: float) -> Entry:
+        """Admit the deferred job ``job_id`` at ``now`` (to ``ready``, or ``scheduled`` if its
+        ``run_at`` is later): the replay of an ADMIT record. Raises :class:`~trioq.InvalidJob`
+        for a job that is not deferred."""
+        entry = self.entry(job_id)
+        if entry.state is not _DEFERRED:
+            raise InvalidJob(
+                f"job {job_id!r} is {entry.state.value}; only a deferred job can be admitted", field="state"
+            )
+        self._admit_one(entry, now)  # its deferred item goes stale: _push moves the slot on
+        return entry
+
+    def _admit_one(self, entry: Entry, now: float) -> None:
+        self._move(entry, _SCHEDULED if entry.run_at > now else _READY)
+        self._push(entry)
 
     def pause(self, queue: str) -> bool:
         """Stop claims from ``queue`` (jobs stay ready); returns whether it was not paused before."""
@@ -764,6 +836,7 @@ class JobTable:
         self._keys.clear()
         self._queues = {}
         self._sole = None
+        self._deferred = self._new_ready()
         self.limits.clear()
         self._paused = set()
         self.limits.paused = self._paused
@@ -897,15 +970,17 @@ class JobTable:
         return min(times) if times else None
 
     def set_fairness(self, weights: Mapping[str, float] | None) -> None:
-        """Order each named queue's ready jobs fairly across tenants by ``weights`` (see
-        :class:`~.fair.FairReadyQueue`), or by plain priority and FIFO (``None``); the jobs ready now
-        are moved over. Fairness tags start level: they are not kept across sessions or restarts."""
+        """Order each named queue's ready jobs, and the admission of deferred jobs, fairly across
+        tenants by ``weights`` (see :class:`~.fair.FairReadyQueue`), or by plain priority and FIFO
+        (``None``; deferred jobs: oldest first); the jobs waiting now are moved over. Fairness
+        tags start level: they are not kept across sessions or restarts."""
         if weights is None:
             self._new_ready = ReadyQueue
         else:
             frozen = dict(weights)
             self._new_ready = lambda: FairReadyQueue(frozen)
         self._queues = {name: _current_ready(ready, self._new_ready()) for name, ready in self._queues.items()}
+        self._deferred = _current_ready(self._deferred, self._new_ready(), lane=0)
         self._choose()
 
     def _choose(self) -> None:
@@ -1002,7 +1077,12 @@ class JobTable:
 
     def _push(self, entry: Entry) -> None:
         entry.slot = token = entry.slot + 1
-        if entry.state is _READY:
+        if entry.state is _DEFERRED:
+            deferred = self._deferred
+            deferred.push(0, (0.0, entry.seq, entry, token))
+            if deferred.size > 2 * self._counts[_DEFERRED] + CHUNK:
+                self._deferred = _current_ready(deferred, self._new_ready(), lane=0)
+        elif entry.state is _READY:
             queues = self._queues
             ready = queues.get(entry.queue)
             if ready is None:
@@ -1021,15 +1101,20 @@ class JobTable:
 
 
 def _expirable(entry: Entry, deadline: float) -> bool:
-    """Whether ``entry`` is a never-claimed ready or scheduled job whose deadline is ``deadline``."""
-    return entry.deadline == deadline and entry.epoch == 0 and (entry.state is _READY or entry.state is _SCHEDULED)
+    """Whether ``entry`` is a never-claimed ready, scheduled or deferred job whose deadline is ``deadline``."""
+    state = entry.state
+    return (
+        entry.deadline == deadline
+        and entry.epoch == 0
+        and (state is _READY or state is _SCHEDULED or state is _DEFERRED)
+    )
 
 
 def _ignore(job: Job) -> None:
     """The default :attr:`JobTable.on_finish`: nobody watches."""
 
 
-def _current_ready(ready: AnyReady, fresh: AnyReady) -> AnyReady:
+def _current_ready(ready: AnyReady, fresh: AnyReady, *, lane: int | None = None) -> AnyReady:
     """``ready`` without its stale items.
 
     Cancelled, evicted or requeued jobs leave their queue items behind (lazy
@@ -1037,12 +1122,13 @@ def _current_ready(ready: AnyReady, fresh: AnyReady) -> AnyReady:
     queue, jobs scheduled far ahead) they would pile up. Both queues are
     rebuilt once they hold more than twice their current jobs (plus a
     :data:`CHUNK`), which keeps the work O(1) per push, amortised. The items
-    go to ``fresh`` (an empty queue of the kind the table makes).
+    go to ``fresh`` (an empty queue of the kind the table makes), each in its
+    job's priority lane, or all in ``lane`` (the deferred jobs' queue: lane 0).
     """
     for item in ready:
         entry: Entry = item[2]
         if entry.slot == item[3]:
-            fresh.push(entry.priority, item)
+            fresh.push(entry.priority if lane is None else lane, item)
     return fresh
 
 

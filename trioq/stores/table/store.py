@@ -49,6 +49,7 @@ from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload, traili
 __all__ = [
     "ADD",
     "CANCEL",
+    "ADMIT",
     "CLAIM",
     "DROP",
     "EXPIRE",
@@ -66,7 +67,7 @@ __all__ = [
 # in the order of the tuples handed to _record, are its struct's in
 # stores/wal/_records.py (9 to 11 are the WAL's checkpoint records).
 ADD, CLAIM, SUCCEED, FAIL, RELEASE, CANCEL, RETRY, DROP = 1, 2, 3, 4, 5, 6, 7, 8
-SNOOZE, EXPIRE, PAUSE, RESUME = 12, 13, 14, 15
+SNOOZE, EXPIRE, PAUSE, RESUME, ADMIT = 12, 13, 14, 15, 16
 
 
 def _checked(job: NewJob, where: str) -> NewJob:
@@ -200,10 +201,12 @@ class TableStore:
         table.watched = config.watched
         table.on_finish = config.on_finished
         table.on_expire = self._expired
+        table.on_admit = self._admitted
         table.limits.limit_of = config.limits
         table.on_unblocked = config.on_ready
         table.on_throttled = config.on_scheduled
         table.set_fairness(config.fairness)
+        table.defer_past = config.defer_past
         self._table, self._config = table, config
 
     def _open(self) -> tuple[JobTable, StoreConfig]:
@@ -215,6 +218,16 @@ class TableStore:
     def _expired(self, entry: Entry) -> None:
         """Log a job the table cancelled for its deadline (nobody waits for the record)."""
         entry.logged = self._record(EXPIRE, (entry.id, entry.finished_at), lazy=True)
+
+    def _admit_at_open(self) -> None:
+        """Admit the deferred jobs the bound has room for as a session opens (room made while no
+        session ran, or a larger bound); the store's log must be open."""
+        table, config = self._open()
+        table.admit_due(config.clock())
+
+    def _admitted(self, entry: Entry, now: float) -> None:
+        """Log a deferred job the table admitted at ``now`` (its record rides with the transition's)."""
+        entry.logged = self._record(ADMIT, (entry.id, now), lazy=True)
 
     def _announce(self, entry: Entry) -> None:
         assert self._config is not None
@@ -279,13 +292,15 @@ class TableStore:
                 fields: tuple[Any, ...] = (
                     job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, run_at, now,
                 )  # fmt: skip
-                if deadline is not None or j.limits or tenant is not None or queue != DEFAULT_QUEUE:
+                if entry.state is JobState.DEFERRED:  # every trailing field, then the flag
+                    fields = (*fields, queue, tenant, j.limits, (), deadline, None, True)
+                elif deadline is not None or j.limits or tenant is not None or queue != DEFAULT_QUEUE:
                     fields = (*fields, *trailing_fields(entry))
                 entry.logged = record(ADD, fields)
             job = entry.snapshot(j.payload)
             if job.state is JobState.READY:
                 ready += 1
-            else:
+            elif job.state is JobState.SCHEDULED:
                 scheduled.append(job.run_at)
             if deadline is not None:
                 scheduled.append(deadline)  # the timer wakes then to cancel it, if it has not started

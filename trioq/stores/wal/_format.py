@@ -22,8 +22,8 @@ blocks (``fsync="always"``), and none otherwise. They let recovery tell a page o
 the last batch that a power cut left unwritten (zeros where the CRC says
 otherwise) from damage (any other mismatch). All integers are little-endian.
 
-Format versions: this trioq writes format 4 (:data:`VERSION`) and reads 2, 3
-and 4 (:data:`READABLE_VERSIONS`); the version is per segment. All three
+Format versions: this trioq writes format 5 (:data:`VERSION`) and reads 2 to
+5 (:data:`READABLE_VERSIONS`); the version is per segment. All four
 frame and commit alike. The rule: the number moves whenever a trioq of the
 previous format would misread the new segments, rather than refuse them.
 
@@ -37,10 +37,12 @@ previous format would misread the new segments, rather than refuse them.
   CHECKPOINT_BEGIN), which it would ignore, and three new record types,
   EXPIRE, PAUSE and RESUME (13 to 15, which it would call damage). See
   :mod:`._records`.
+- Format 5 writes ADD's trailing ``deferred`` flag (a job enqueued past the
+  admission bound) and ADMIT records (16), both damage to a format-4 reader.
 
 A directory written by a trioq of an older format opens as it is (upgrade in
 place): its segments are read as their format, the new session writes
-format-4 segments after them, and the first checkpoint deletes the old ones.
+format-5 segments after them, and the first checkpoint deletes the old ones.
 A segment of an older format after one of a newer is corruption (only a trioq
 of the older format could have written it, and that trioq cannot open the
 directory once it holds a segment of the newer one).
@@ -59,11 +61,26 @@ import msgspec
 from crc32c import crc32c
 
 from ..._model import TrioqError
-from ..table.store import ADD, CANCEL, CLAIM, DROP, EXPIRE, FAIL, PAUSE, RELEASE, RESUME, RETRY, SNOOZE, SUCCEED
+from ..table.store import (
+    ADD,
+    ADMIT,
+    CANCEL,
+    CLAIM,
+    DROP,
+    EXPIRE,
+    FAIL,
+    PAUSE,
+    RELEASE,
+    RESUME,
+    RETRY,
+    SNOOZE,
+    SUCCEED,
+)
 from ._records import CHECKPOINT_BEGIN, CHECKPOINT_END, ENTRY, RECORDS, Record, record_fields
 
 __all__ = [
     "ADD",
+    "ADMIT",
     "CANCEL",
     "CHECKPOINT_BEGIN",
     "CHECKPOINT_END",
@@ -98,9 +115,9 @@ __all__ = [
 
 MAGIC = b"TRIOQWAL"
 #: The format version of the segments this trioq writes.
-VERSION = 4
+VERSION = 5
 #: The format versions it reads (see the module docstring).
-READABLE_VERSIONS = (2, 3, 4)
+READABLE_VERSIONS = (2, 3, 4, 5)
 _HEADER = struct.Struct("<8sHQ")
 _HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size

@@ -29,7 +29,7 @@ a struct would be encoded with its defaults too (13 bytes more per ADD).
 against its struct. The log writer writes the checkpoint: ENTRY rows are
 ``JobTable.export()``'s tuples, BEGIN and END structs (:func:`._format.frame_record`).
 
-Log format 4 (``VERSION = 4`` in the segment header) records, by type byte
+Log format 5 (``VERSION = 5`` in the segment header) records, by type byte
 (``?`` marks a trailing field with a default, ``| None`` one that may be nil)::
 
     1   ADD      Add        id, task, payload (msgpack, embedded raw), priority, key | None,
@@ -37,7 +37,9 @@ Log format 4 (``VERSION = 4`` in the segment header) records, by type byte
                             ? limits = [] (its limit keys), ? after = [] (parent ids; nothing
                             writes them yet), ? deadline = None (the wall-clock time by which
                             the job must start, else it expires), ? metadata = None (nothing
-                            writes it yet)
+                            writes it yet), ? deferred = False (it was enqueued past the
+                            admission bound: written, with every field before it, only when
+                            true)
     2   CLAIM    Claim      id; ? now = None (the claim's time, for a job holding limit keys)
     3   SUCCEED  Succeed    id, epoch, result, now
     4   FAIL     Fail       id, epoch, error, retry_at | None (None: no retry, dead now), now,
@@ -62,6 +64,8 @@ Log format 4 (``VERSION = 4`` in the segment header) records, by type byte
     13  EXPIRE   Expire     id, now: a never-claimed job cancelled at ``now`` for its deadline
     14  PAUSE    Pause      queue: claims stopped taking the queue's jobs
     15  RESUME   Resume     queue: claims take them again
+    16  ADMIT    Admit      id, now: a deferred job admitted at ``now`` (ready, or scheduled
+                            if its run_at is later)
 
 The paused queues and the rates' tokens are a table's state like its jobs,
 so a checkpoint carries them, on its BEGIN: replay sets them up right where
@@ -70,6 +74,9 @@ ENTRY, and END stays a plain count. A checkpoint is one committed batch, so
 which of the two holds them makes no difference to what a crash can leave.
 (A key's slots need no record: its holders are the running jobs, which the
 ENTRY rows and CLAIM records rebuild.)
+
+Format 4 has no ADD ``deferred`` and no ADMIT (a format-4 trioq would call both
+damage: the version moved so that it refuses the directory instead).
 
 Format 3 has none of ADD's and ENTRY's trailing fields after ``snoozes`` in
 use (they were declared, never written), no CLAIM time, no paused queues or
@@ -92,6 +99,7 @@ import msgspec
 
 from ..table.store import (
     ADD,
+    ADMIT,
     CANCEL,
     CLAIM,
     DROP,
@@ -111,6 +119,7 @@ __all__ = [
     "ENTRY",
     "RECORDS",
     "Add",
+    "Admit",
     "Cancel",
     "CheckpointBegin",
     "CheckpointEnd",
@@ -174,6 +183,7 @@ class Add(Record, array_like=True, gc=False, frozen=True):
     after: tuple[str, ...] = ()
     deadline: float | None = None
     metadata: dict[str, Any] | None = None
+    deferred: bool = False
 
 
 class Claim(Record, array_like=True, gc=False, frozen=True):
@@ -268,6 +278,19 @@ class Expire(Record, array_like=True, gc=False, frozen=True):
     now: float
 
 
+class Admit(Record, array_like=True, gc=False, frozen=True):
+    """ADMIT: the deferred job was admitted at ``now`` (format 5).
+
+    The table's admissions (``JobTable.admit_due``, from a claim, a cancel, an
+    expiry or a session's open) make these; replay applies them through
+    ``JobTable.admit`` (replay itself never admits: the bound may differ now).
+    """
+
+    kind: ClassVar[int] = ADMIT
+    id: str
+    now: float
+
+
 class Pause(Record, array_like=True, gc=False, frozen=True):
     """PAUSE: claims stopped taking the jobs of ``queue`` (they stay ready) (format 4)."""
 
@@ -344,7 +367,7 @@ class CheckpointEnd(Record, array_like=True, gc=False, frozen=True):
 
 _STRUCTS: tuple[type[Record], ...] = (
     Add, Claim, Succeed, Fail, Release, Cancel, Retry, Drop, Row, CheckpointBegin, CheckpointEnd, Snooze,
-    Expire, Pause, Resume,
+    Expire, Pause, Resume, Admit,
 )  # fmt: skip
 #: Every record struct by its type byte.
 RECORDS: dict[int, type[Record]] = {cls.kind: cls for cls in _STRUCTS}

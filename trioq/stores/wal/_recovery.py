@@ -5,10 +5,11 @@ through the table method that made it: ADD through ``add_packed`` (queue,
 tenant, limit keys and deadline included), CLAIM through ``claim`` (with its
 time, which takes the rate tokens of a job holding limit keys: the table's
 ``limits.limit_of`` should be set before replay), EXPIRE through ``expire``,
-PAUSE and RESUME through ``pause`` and ``resume``; a checkpoint's BEGIN
-clears the table, pauses its queues and sets its rates' state, and its ENTRY
-rows go through ``restore``. Segments of log
-formats 2, 3 and 4 read alike (older records are shorter arrays of the same
+ADMIT through ``admit`` (replay itself never admits a deferred job: the table
+has no ``defer_past`` until the session attaches), PAUSE and RESUME through
+``pause`` and ``resume``; a checkpoint's BEGIN clears the table, pauses its
+queues and sets its rates' state, and its ENTRY rows go through ``restore``.
+Segments of log formats 2 to 5 read alike (older records are shorter arrays of the same
 structs, their jobs in the default queue with no tenant and no deadline); a
 log may hold segments of an older format followed by newer ones (see
 ``_format``).
@@ -84,7 +85,21 @@ import attrs
 import msgspec
 
 from ..table.jobs import JobTable
-from ..table.store import ADD, CANCEL, CLAIM, DROP, EXPIRE, FAIL, PAUSE, RELEASE, RESUME, RETRY, SNOOZE, SUCCEED
+from ..table.store import (
+    ADD,
+    ADMIT,
+    CANCEL,
+    CLAIM,
+    DROP,
+    EXPIRE,
+    FAIL,
+    PAUSE,
+    RELEASE,
+    RESUME,
+    RETRY,
+    SNOOZE,
+    SUCCEED,
+)
 from ._format import (
     CHECKPOINT_BEGIN,
     CHECKPOINT_END,
@@ -101,6 +116,7 @@ from ._format import (
 )
 from ._records import (
     Add,
+    Admit,
     Cancel,
     CheckpointBegin,
     Claim,
@@ -173,6 +189,7 @@ _cancel_record = msgspec.msgpack.Decoder(Cancel).decode
 _retry_record = msgspec.msgpack.Decoder(Retry).decode
 _drop_record = msgspec.msgpack.Decoder(Drop).decode
 _expire_record = msgspec.msgpack.Decoder(Expire).decode
+_admit_record = msgspec.msgpack.Decoder(Admit).decode
 _pause_record = msgspec.msgpack.Decoder(Pause).decode
 _resume_record = msgspec.msgpack.Decoder(Resume).decode
 _entry_record = msgspec.msgpack.Decoder(Row).decode
@@ -232,6 +249,12 @@ def _expire(table: JobTable, payload: memoryview) -> bool:
     return True
 
 
+def _admit(table: JobTable, payload: memoryview) -> bool:
+    r = _admit_record(payload)
+    table.admit(r.id, r.now)
+    return True
+
+
 def _pause(table: JobTable, payload: memoryview) -> bool:
     # The store logs a pause (a resume) only when it changes something: a PAUSE of a
     # queue paused already (a RESUME of one running) means the log diverged.
@@ -265,6 +288,7 @@ def _checkpoint_end(table: JobTable, payload: memoryview) -> bool:
 #: The replay of each record type but ADD and CHECKPOINT_BEGIN (see _replay).
 _REPLAY: dict[int, Callable[[JobTable, memoryview], bool]] = {
     EXPIRE: _expire,
+    ADMIT: _admit,
     PAUSE: _pause,
     RESUME: _resume,
     CLAIM: _claim,
@@ -409,9 +433,9 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                         # queue, so every later field is at its default too (a queue
                         # written, even "default", decodes to a new string). The hot path:
                         # one test instead of four (~1% of an ADD's replay).
-                        applied = add_packed(
-                            r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now
-                        ) is None  # fmt: skip
+                        applied = (
+                            add_packed(r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now) is None
+                        )  # fmt: skip  (not deferred: replay's table has no defer_past)
                     else:
                         queue = shared.setdefault(queue, queue)
                         tenant = r.tenant
@@ -422,7 +446,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                             limits = shared_limits.setdefault(limits, limits)
                         applied = add_packed(
                             r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now, queue, tenant,
-                            r.deadline, limits,
+                            r.deadline, limits, r.deferred,
                         ) is None  # fmt: skip
                 elif kind == CHECKPOINT_BEGIN:
                     begin = _decode_begin(payload)

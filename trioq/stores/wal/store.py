@@ -126,6 +126,7 @@ class WALStore(TableStore):
                 try:
                     # Attempts cut off by a crash are not counted: back to ready.
                     self._release_running()
+                    self._admit_at_open()
                     for job_id in table.evict(config.clock()):
                         self._record(DROP, (job_id,))
                     await self._flush()
