@@ -95,3 +95,13 @@ async def test_a_claimable_job_says_so(autojump_clock: trio.testing.MockClock) -
         snapshot = await queue.get(job.id)
     found = reasons(snapshot, now=snapshot.created_at, paused=(), usage={}, limit_of=lambda key: None, idle=1)
     assert [reason["kind"] for reason in found] == ["claimable"]
+
+
+async def test_a_snapshot_is_explained_as_it_stands(autojump_clock: trio.testing.MockClock) -> None:
+    async with trioq.open_queue(_registry(), workers=0) as queue:
+        job = await queue.enqueue("nap", delay=30.0)
+        held = await queue.get(job.id)
+        await queue.cancel(job.id)
+        # The snapshot says scheduled: it is explained so (the store is not asked for the job again).
+        assert _kinds(await queue.explain(held))[0] == "scheduled"
+        assert _kinds(await queue.explain(job.id)) == ["finished"]

@@ -588,8 +588,9 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     @bp.get(job_path)
     @answering
     async def get_job(job_id: str) -> Response:
-        body = (await queue.get(job_id)).to_dict()
-        body["explain"] = (await queue.explain(job_id))["reasons"]
+        job = await queue.get(job_id)
+        body = job.to_dict()
+        body["explain"] = (await queue.explain(job))["reasons"]
         return _json(body)
 
     @bp.delete(job_path)

@@ -441,18 +441,22 @@ class Queue:
             }
         return out
 
-    async def explain(self, job_id: str) -> dict[str, Any]:
+    async def explain(self, job_id: str | Job) -> dict[str, Any]:
         """Why the job is not running now, JSON-ready: ``{"id", "state", "queue", "reasons": [...]}``.
+
+        ``job_id`` may be a :class:`~trioq.Job` snapshot the caller holds: it is explained as it
+        stands in that snapshot (its state is not read again; the pauses and keys are).
 
         Each reason is ``{"kind", "message", ...}`` (most decisive first): ``scheduled`` (not due
         yet), ``paused`` (its queue), ``limit`` (a key's slots all held), ``rate`` (no token of a
         key's rate yet), ``no_workers`` (no pool of this node serves its queue), ``busy`` (its pool
-        has no idle worker), ``claimable``; ``running`` and ``finished`` for those states; plus a
-        ``deadline`` entry while one is still to meet. Found at one moment, not recorded: a reason
-        may pass as it is read. Raises :class:`~trioq.JobNotFound`.
+        has no idle worker), ``claimable``, ``deferred`` (enqueued past ``max_ready``, waiting to
+        be admitted); ``running`` and ``finished`` for those states; plus a ``deadline`` entry
+        while one is still to meet. Found at one moment, not recorded: a reason may pass as it is
+        read. Raises :class:`~trioq.JobNotFound`.
         """
         await trio.lowlevel.checkpoint()
-        job = await self.store.get(job_id)
+        job = job_id if isinstance(job_id, Job) else await self.store.get(job_id)
         paused = await self.store.paused()
         usage_of = getattr(self.store, "limit_usage", None)
         usage = await usage_of() if usage_of is not None and job.limits else {}
