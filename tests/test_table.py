@@ -1404,3 +1404,25 @@ def test_queues_used_once_and_rate_states_run_out_are_forgotten() -> None:
     assert len(table.limits.tat) == 100
     table.promote(10.0)
     assert table.limits.tat == {}
+
+
+def test_a_job_let_go_for_a_slot_gives_it_up_when_its_queue_is_paused() -> None:
+    """A freed slot promised to a parked job whose queue is then paused goes to the next job in line
+    (of a queue still running), not to nobody until the resume."""
+    from trioq._model import Limit
+
+    table = JobTable()
+    table.limits.limit_of = lambda key: Limit(key, max=1)
+    for job_id, queue in (("holder", "a"), ("first", "a"), ("second", "b")):
+        table.add_packed(job_id, "t", b"", 0, None, 3, 0.0, 0.0, queue, None, None, ("mutex",))
+    holder = table.claim_next(1.0)
+    assert holder is not None and holder.id == "holder"
+    assert table.claim_next(1.0) is None  # first and second are parked on the mutex
+    table.succeed("holder", holder.epoch, None, 1.0)  # its slot is promised to "first"
+    assert table.pause("a")
+    got = table.claim_next(1.0)
+    assert got is not None and got.id == "second"
+    table.succeed("second", got.epoch, None, 1.0)
+    assert table.resume("a")
+    got = table.claim_next(1.0)
+    assert got is not None and got.id == "first"

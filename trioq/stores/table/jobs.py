@@ -738,11 +738,22 @@ class JobTable:
         self._push(entry)
 
     def pause(self, queue: str) -> bool:
-        """Stop claims from ``queue`` (jobs stay ready); returns whether it was not paused before."""
+        """Stop claims from ``queue`` (jobs stay ready); returns whether it was not paused before.
+
+        A job of ``queue`` let go for a freed slot of a limit key (see .limits) gives the slot up:
+        the next job parked on that key, of a queue still running, gets it.
+        """
         if queue in self._paused:
             return False
         self._paused.add(queue)
         self._choose()
+        ready = self._queues.get(queue)
+        if ready is not None and self.limits.promised():
+            for item in ready:
+                entry: Entry = item[2]
+                if entry.slot == item[3] and entry.waking is not None:
+                    self.limits.left(entry)
+            self._let_go(self.limits.drain())
         return True
 
     def resume(self, queue: str) -> bool:

@@ -135,6 +135,10 @@ class LimitState:
             self._unpend(entry, woken)
             self._wake(woken)
 
+    def promised(self) -> bool:
+        """Whether any job let go for a freed slot has not taken it yet."""
+        return bool(self._pending)
+
     def rewake(self) -> None:
         """A queue was resumed: let go the parked jobs whose keys have room (they may be of it)."""
         for key in list(self._blocked):
