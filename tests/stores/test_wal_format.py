@@ -7,6 +7,10 @@ leaves a log (one job running). ``data/wal_v3/`` is the same for format 3
 (by ``data/make_wal_v3.py``, with ``data/wal_v3.json``): SNOOZE records,
 tracebacks, a FAIL without retry, ENTRY rows with errors and snoozes.
 Jobs of either come back in the default queue, with no tenant and no deadline.
+``data/wal_v4/`` is the same for format 4 (commit 0fcebc5, by
+``data/make_wal_v4.py``, with ``data/wal_v4.json``): named queues, tenants,
+limit keys and deadlines on ADD and ENTRY, CLAIM times, EXPIRE, PAUSE and
+RESUME, a checkpoint holding a paused queue and rate tokens.
 """
 
 from __future__ import annotations
@@ -70,6 +74,16 @@ EXPECTED: dict[str, dict[str, Any]] = json.loads((DATA / "wal_v2.json").read_tex
 IDS = {name: job["id"] for name, job in EXPECTED.items()}
 EXPECTED_V3: dict[str, dict[str, Any]] = json.loads((DATA / "wal_v3.json").read_text())
 IDS_V3 = {name: job["id"] for name, job in EXPECTED_V3.items()}
+EXPECTED_V4: dict[str, dict[str, Any]] = json.loads((DATA / "wal_v4.json").read_text())
+IDS_V4 = {name: job["id"] for name, job in EXPECTED_V4.items()}
+#: The format-4 log's limit keys, as ``data/make_wal_v4.py`` declares them.
+LIMITS_V4 = {
+    "api": Limit("api", rate=1.0),
+    "hourly": Limit("hourly", rate=1.0, per=3600.0),
+    "smtp": Limit("smtp", max=2),
+}
+#: The time of the format-4 log's last record (and of its last claim, of a job holding "api").
+END_V4 = START + 4006.0
 #: After the format-2 (and format-3) log's last record.
 LATER = START + 4010.0
 #: What a job of a format-2 or format-3 log has for the fields format 4 added (Job.to_dict()).
@@ -88,6 +102,13 @@ def v3_log(tmp_path: Path) -> Path:
     """A copy of the format-3 log to open (opening writes to it)."""
     wal = tmp_path / "wal"
     shutil.copytree(DATA / "wal_v3", wal)
+    return wal
+
+
+def v4_log(tmp_path: Path) -> Path:
+    """A copy of the format-4 log to open (opening writes to it)."""
+    wal = tmp_path / "wal"
+    shutil.copytree(DATA / "wal_v4", wal)
     return wal
 
 
@@ -323,6 +344,170 @@ def test_the_format_3_fixture_is_what_its_docstring_says() -> None:
             if kind == CHECKPOINT_BEGIN:
                 assert len(fields) == 1
     assert kinds == {*range(1, 13), COMMIT}
+
+
+# ------------------------------------------------------------ format 4
+
+
+def _v4_names() -> dict[str, str]:
+    """The format-4 fixture's job names by id."""
+    return {job_id: name for name, job_id in IDS_V4.items()}
+
+
+async def test_a_format_4_log_opens_with_every_job_as_it_was(tmp_path: Path) -> None:
+    wal = v4_log(tmp_path)
+    assert versions(wal) == {2: 4, 3: 4, 4: 4}
+    async with opened_limited(wal, Clock(END_V4), LIMITS_V4) as store:
+        assert store.recovery is not None
+        assert store.recovery.versions == {2: 4, 3: 4, 4: 4}
+        assert store.recovery.checkpoints_seen == 1
+        for name, want in EXPECTED_V4.items():
+            if want["state"] == "evicted":  # its DROP record replayed
+                with pytest.raises(JobNotFound):
+                    await store.get(want["id"])
+                continue
+            got = (await store.get(want["id"])).to_dict()
+            # Running at the "crash": ready again, same epoch, uncounted. Everything
+            # else as it was: queue, tenant, limit keys and deadline included.
+            state = "ready" if want["state"] == "running" else want["state"]
+            assert got == {**want, "state": state}, name
+        # Paused by the checkpoint's BEGIN ("reports") and by a PAUSE record ("bulk");
+        # "email" was paused and resumed after the checkpoint.
+        assert await store.paused() == ["bulk", "reports"]
+        # The rates' tokens: "hourly" from the BEGIN, "api" from the last CLAIM's time.
+        # No slot is held: the running job's "smtp" went with its attempt.
+        assert await store.limit_usage() == {"api": (0, 0, END_V4 + 1.0), "hourly": (0, 0, START + 7601.0)}
+        assert store._table is not None
+        snoozes = {
+            name: store._table.entry(IDS_V4[name]).snoozes
+            for name in ("a_snoozed", "b_snoozed", "b_deadline_started", "a_done")
+        }
+        assert snoozes == {"a_snoozed": 1, "b_snoozed": 2, "b_deadline_started": 1, "a_done": 0}
+        # An EXPIRE record: cancelled for its deadline, never started; a RETRY cleared a deadline.
+        expired = await store.get(IDS_V4["b_expired"])
+        assert (expired.state, expired.epoch, expired.finished_at) == (
+            JobState.CANCELLED,
+            0,
+            START + 4003.0,
+        )  # its deadline
+        assert expired.error is not None and "deadline" in expired.error
+        assert (await store.get(IDS_V4["b_deadline_retried"])).deadline is None
+        counts: dict[str, int] = {state.value: 0 for state in JobState}
+        for want in EXPECTED_V4.values():
+            if want["state"] != "evicted":
+                counts["ready" if want["state"] == "running" else want["state"]] += 1
+        assert await store.counts() == counts
+        assert counts["deferred"] == 0 and counts["ready"] > 0
+        # Keys survive, from ENTRY rows and from ADD records alike.
+        clock = Clock(END_V4)
+        again = await store.add([new_job(clock, key=key) for key in ("key-a", "key-t", "key-b", "key-c")])
+        assert [job.id for job in again] == [IDS_V4[n] for n in ("a_ready", "a_tenant", "b_keyed", "b_tenant")]
+
+
+async def test_a_format_4_log_keeps_its_paused_queues_rates_and_deadlines(tmp_path: Path) -> None:
+    wal = v4_log(tmp_path)
+    clock = Clock(END_V4)
+    names = _v4_names()
+
+    async def claim_all() -> list[str]:
+        await store.promote()
+        return [names.get(job.id, job.id) for job in await store.claim(ClaimRequest("test", 1000))]
+
+    async with opened_limited(wal, clock, LIMITS_V4) as store:
+        waiting = {name for name, want in EXPECTED_V4.items() if want["state"] in ("ready", "running")}
+        # Held back: the paused queues' jobs, and those waiting for a token of "api" or "hourly".
+        held = {"a_queued", "b_queued", "a_limited", "b_limited", "b_api_waiting", "b_hourly"}
+        assert held <= waiting and "a_running" in waiting
+        assert set(await claim_all()) == waiting - held
+        # "api" gives one start a second, its next at END + 1 (the format-4 log's last
+        # CLAIM took the token at END): not half a second early.
+        clock.now = END_V4 + 0.5
+        assert await claim_all() == []
+        clock.now = END_V4 + 1.0
+        assert await claim_all() == ["b_api_waiting"]  # the best of the three
+        clock.now = END_V4 + 1.5
+        assert await claim_all() == []
+        clock.now = END_V4 + 2.0
+        assert await claim_all() == ["a_limited"]  # then by run_at
+        clock.now = END_V4 + 3.0
+        assert await claim_all() == ["b_limited"]  # "smtp": a_running holds one of its 2 slots
+        # "hourly": its token from the checkpoint's BEGIN, due at START + 7601.
+        clock.now = START + 7600.5
+        assert await claim_all() == []
+        clock.now = START + 7601.0
+        assert await claim_all() == ["b_hourly"]
+        # Past the deadlines of jobs that started (from an ENTRY row and from the
+        # records): they stay scheduled; the never-claimed one not yet due stays too.
+        for name in ("a_deadline_started", "b_deadline_started", "a_deadline_scheduled"):
+            job = await store.get(IDS_V4[name])
+            assert job.state is JobState.SCHEDULED and job.deadline is not None, name
+        assert (await store.get(IDS_V4["a_deadline_started"])).deadline == START + 4031.0 < clock.now
+        # The paused queues' jobs come once their queues are resumed.
+        assert await store.resume("reports") and await store.resume("bulk")
+        assert sorted(await claim_all()) == ["a_queued", "b_queued"]
+        assert await store.paused() == []
+
+
+async def test_a_format_4_log_goes_on_in_format_5_and_its_checkpoint_drops_it(tmp_path: Path) -> None:
+    wal = v4_log(tmp_path)
+    clock = Clock(END_V4)
+    # defer_past=1: every new job is deferred (an ADD with format 5's flag).
+    async with opened_limited(wal, clock, LIMITS_V4, defer_past=1) as store:
+        (labelled,) = await store.add([NewJob("t", {"n": 1}, 0, None, 3, 0.0, "email", "acme", 60.0, ("smtp",))])
+        assert labelled.state is JobState.DEFERRED
+        assert await store.resume("bulk") and await store.pause("email")
+        jobs = {job_id: await store.get(job_id) for job_id in IDS_V4.values() if job_id != IDS_V4["a_evicted"]}
+        jobs[labelled.id] = await store.get(labelled.id)
+    assert VERSION == 5
+    assert versions(wal) == {2: 4, 3: 4, 4: 4, 5: 5}
+    for number in (2, 3, 4):  # the old segments stay as they were, until a checkpoint
+        assert (wal / segment_name(number)).read_bytes() == (DATA / "wal_v4" / segment_name(number)).read_bytes()
+    for _ in range(2):  # replayed from the format-5 records, then from a checkpoint of them
+        async with opened_limited(wal, clock, LIMITS_V4) as store:
+            assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
+            got = await store.get(labelled.id)
+            assert (got.state, got.queue, got.tenant, got.deadline, got.limits) == (
+                JobState.DEFERRED,
+                "email",
+                "acme",
+                END_V4 + 60.0,
+                ("smtp",),
+            )
+            assert await store.paused() == ["email", "reports"]
+            assert await store.limit_usage() == {"api": (0, 0, END_V4 + 1.0), "hourly": (0, 0, START + 7601.0)}
+            await store.checkpoint()
+    assert versions(wal) == {9: 5}  # 6 and 8: each session's first segment, 7 and 9 its checkpoint
+
+
+def test_the_format_4_fixture_is_what_its_docstring_says() -> None:
+    # Every record type format 4 has, none of format 5 (no ADMIT, no ADD with a
+    # deferred flag), every run of ADD's and ENTRY's trailing fields, CLAIMs with
+    # and without a time, and a BEGIN with a paused queue and rate tokens.
+    kinds: set[int] = set()
+    lengths: dict[int, set[int]] = {}
+    begins: list[list[Any]] = []
+    for segment in sorted((DATA / "wal_v4").glob("*.wal")):
+        scan = scan_segment(str(segment))
+        assert scan.version == 4 and scan.damage is None
+        for kind, payload, _ in scan.committed():
+            kinds.add(kind)
+            if kind == COMMIT:
+                continue
+            fields = msgspec.msgpack.decode(payload)
+            lengths.setdefault(kind, set()).add(len(fields))
+            if kind == CHECKPOINT_BEGIN:
+                begins.append(fields[1:])
+    assert kinds == {*range(1, 16), COMMIT}
+    assert Admit.kind not in kinds
+    assert lengths[ADD] == {8, 9, 10, 11, 13}
+    assert lengths[ENTRY] == {17, 18, 19, 20, 22}
+    assert lengths[CLAIM] == {1, 2}
+    assert begins == [[["reports"], [["api", START + 4002.0], ["hourly", START + 7601.0]]]]
+    # The JSON: the jobs the docstring names, as it says they were at the copy.
+    states = {name: EXPECTED_V4[name]["state"] for name in ("a_running", "b_expired", "b_hourly", "b_api_waiting")}
+    assert states == {"a_running": "running", "b_expired": "cancelled", "b_hourly": "ready", "b_api_waiting": "ready"}
+    running = EXPECTED_V4["a_running"]
+    assert (running["queue"], running["tenant"], running["limits"]) == ("email", "acme", ["smtp"])
 
 
 def _sinks() -> tuple[io.StringIO, io.StringIO]:
