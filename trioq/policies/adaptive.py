@@ -6,8 +6,8 @@ its latency and whether it failed (:meth:`AdaptiveCap.observe`). The cap moves
 between ``Adaptive.min`` and ``Adaptive.max``, starting at ``min``:
 
 * failures (an error, a timeout, :class:`~trioq.Overloaded`) multiply it by
-  :data:`DECREASE` at once (a failure answering a probe, below, only undoes
-  the probe), the first failure after a change deciding (the ones that
+  :data:`DECREASE` at once and set ``hold`` (below) back to 1 (a failure
+  answering a probe only undoes the probe), the first failure after a change deciding (the ones that
   follow within :data:`SKIP` windows are the echo of the same overload);
 * latency (Vegas), once a *window* (the last window's mean latency: about one
   attempt) from the mean latency of the window's successes. ``baseline`` is
@@ -110,7 +110,8 @@ class AdaptiveCap:
         if self._probing:  # the probe's answer: undo it
             self._hold = min(MAX_HOLD, self._hold * 2)
             self._change(now, self._cap - 1)
-        else:
+        else:  # a real overload: cut, and climb back quickly (latency will stop the climb at capacity)
+            self._hold = 1
             self._change(now, math.floor(self._cap * DECREASE))
 
     def _decide(self, now: float) -> None:
