@@ -179,6 +179,6 @@ def test_trioq_pg_migrate_creates_the_schema_once_and_says_so(pg_dsn: str, capsy
     assert main(["pg", "migrate", pg_dsn, "--schema", "ahead"]) == 0
     assert main(["pg", "migrate", pg_dsn, "--schema", "Not-A-Name"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "schema ahead: migrated from version 0 to 2"
-    assert out[1] == "schema ahead: at version 2 already"
+    assert out[0] == "schema ahead: migrated from version 0 to 3"
+    assert out[1] == "schema ahead: at version 3 already"
     assert "schema must be" in out[2]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -47,7 +47,7 @@ from ..._model import (
     storable_text,
 )
 from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded, no_limits
-from . import _limits
+from . import _fair, _limits
 from ._admin import cancel, pause, paused, resume, retry
 from ._rows import COLUMNS, WIDTH, encode_errors, encode_limits, encode_result, job_from_row, loads
 from ._sql import NOTIFY_IDS as _NOTIFY_IDS
@@ -172,24 +172,28 @@ def _insert(
     hashes: list[bytes | None],
     now: float,
     notify: tuple[str, str] | None,
+    states: Sequence[str] | None = None,
 ) -> set[str]:
     """Insert what no key holder stops, with the NOTIFY, in one statement; the ids inserted.
 
-    The arrays travel in binary (``%b``): a batch of 1,000 is 15% faster so.
+    The arrays travel in binary (``%b``): a batch of 1,000 is 15% faster so. ``states``: each row's
+    state (``_defer``'s, which may defer some), instead of ready or scheduled by its delay.
     """
     notice = ", (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))" if notify is not None else ""
+    state = "CASE WHEN u.delay > 0 THEN 'scheduled' ELSE 'ready' END" if states is None else "u.state"
+    extra = ("", "") if states is None else (", %b::text[]", ", state")
     _run(
         cur,
         f"WITH ins AS (INSERT INTO {s}.jobs"
         " (id, task, payload, state, priority, key, key_hash, max_attempts, run_at, created_at, queue, tenant,"
         "  deadline, limits)"
-        " SELECT u.id, u.task, u.payload::json, CASE WHEN u.delay > 0 THEN 'scheduled' ELSE 'ready' END,"
+        f" SELECT u.id, u.task, u.payload::json, {state},"
         "  u.priority, u.key, u.key_hash, u.max_attempts, %s + u.delay, %s, u.queue, u.tenant, %s + u.deadline,"
         "  coalesce(u.limits::text[], '{}')"
         " FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[], %b::bytea[], %b::bigint[],"
-        "  %b::float8[], %b::text[], %b::text[], %b::float8[], %b::text[]) WITH ORDINALITY"
-        "  AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, queue, tenant, deadline, limits,"
-        "  ord)"
+        f"  %b::float8[], %b::text[], %b::text[], %b::float8[], %b::text[]{extra[0]}) WITH ORDINALITY"
+        "  AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, queue, tenant, deadline, limits"
+        f"{extra[1]}, ord)"
         " ORDER BY u.ord"
         f" ON CONFLICT DO NOTHING RETURNING id)"
         f" SELECT ARRAY(SELECT id FROM ins){notice}",
@@ -209,6 +213,7 @@ def _insert(
             [r[1].tenant for r in rows],
             [r[1].deadline for r in rows],
             [encode_limits(r[1].limits) for r in rows],
+            *(() if states is None else (list(states),)),
             *(notify or ()),
         ),
     )
@@ -216,10 +221,15 @@ def _insert(
 
 
 def _copy(
-    cur: Any, s: str, rows: Sequence[tuple[str, NewJob, str]], now: float, notify: tuple[str, str] | None
+    cur: Any,
+    s: str,
+    rows: Sequence[tuple[str, NewJob, str]],
+    now: float,
+    notify: tuple[str, str] | None,
+    states: Sequence[str] | None = None,
 ) -> None:
     """Insert ``rows`` (fresh ids, no keys: nothing can conflict) with COPY, and NOTIFY; in the caller's
-    transaction."""
+    transaction. ``states``: as :func:`_insert`'s."""
     with cur.copy(
         f"COPY {s}.jobs (id, task, payload, state, priority, max_attempts, run_at, created_at, queue, tenant,"
         " deadline, limits) FROM STDIN (FORMAT BINARY)"
@@ -229,9 +239,9 @@ def _copy(
         copy.set_types(["text", "text", "text", "text", "int8", "int8", "float8", "float8", "text", "text", "float8",
                         "text[]"])  # fmt: skip
         write = copy.write_row
-        for job_id, job, payload in rows:
+        for i, (job_id, job, payload) in enumerate(rows):
             delay, deadline = job.delay, job.deadline
-            state = "scheduled" if delay > 0 else "ready"
+            state = ("scheduled" if delay > 0 else "ready") if states is None else states[i]
             write((job_id, job.task, payload, state, job.priority, job.max_attempts, now + delay, now, job.queue,
                    job.tenant, None if deadline is None else now + deadline, list(job.limits)))  # fmt: skip
     if notify is not None:
@@ -273,7 +283,7 @@ def _holders(
 _LIVE = "(j.deadline IS NULL OR j.epoch > 0 OR j.deadline > %(now)s)"
 #: The jobs whose deadline still applies: never claimed, ready or scheduled (``jobs_deadline``'s predicate,
 #: word for word, so that the planner can tell the index covers them).
-_PENDING_DEADLINE = "deadline IS NOT NULL AND epoch = 0 AND state IN ('ready', 'scheduled')"
+_PENDING_DEADLINE = "deadline IS NOT NULL AND epoch = 0 AND state IN ('ready', 'scheduled', 'deferred')"
 #: The distinct queues of ready jobs, each found by one probe of ``jobs_queue_ready`` (a loose index scan):
 #: a queue's backlog is stepped over, not read.
 _READY_QUEUES = (
@@ -315,6 +325,7 @@ def claim(
     walk: bool = False,
     probe: bool = True,
     limit_of: Callable[[str], Limit | None] = no_limits,
+    fair: Mapping[str, float] | None = None,
 ) -> Claimed:
     """Claim up to ``limit`` ready jobs of ``queues`` (every queue: ``None``) for ``node`` under new epochs,
     marked with ``token``; never a job of a paused queue, nor one whose deadline is at or before ``now``
@@ -341,6 +352,11 @@ def claim(
     probe of ``jobs_deadline``, but planning it is about a fifth of the
     statement's cost), so that a caller learns of deadlines other nodes set;
     a caller that knows of no deadline in use leaves it out.
+
+    ``fair``: the tenants' weights (``StoreConfig.fairness``): the claim is
+    :func:`._fair.claim`'s (start-time fair queueing over shared tags),
+    unless a job it would take holds a limit key on a node that declares
+    limits, when it claims as without ``fair``.
     """
     with _cur(conn) as cur:
         if recover:
@@ -357,6 +373,15 @@ def claim(
                 (node, lease_until),
             )
         n = int(limit)
+        if fair is not None:
+            got = _fair.claim(
+                conn, s, node, n, token, now=now, queues=queues, weights=fair, probe=probe,
+                keyed_aside=limit_of is not no_limits, columns=_qualified("j"), live=_LIVE,
+                pending_deadline=_PENDING_DEADLINE,
+            )  # fmt: skip
+            if got is not None:
+                fair_rows, fair_deadline, more = got
+                return Claimed([job_from_row(row) for row in fair_rows], fair_deadline, more=more)
         params: dict[str, Any] = {"now": now, "node": node, "token": token}
         pick = _pick(s, n, queues, walk, now is not None, params)
         if limit_of is no_limits:
@@ -849,7 +874,7 @@ def expire(
                 "WITH u AS (SELECT * FROM unnest(%s::text[], %s::float8[], %s::text[]) WITH ORDINALITY"
                 "   AS u(id, deadline, error, ord)),"
                 f" lk AS (SELECT j.id, u.error, u.ord FROM {s}.jobs j JOIN u ON j.id = u.id"
-                "   AND j.deadline = u.deadline WHERE j.epoch = 0 AND j.state IN ('ready', 'scheduled')"
+                "   AND j.deadline = u.deadline WHERE j.epoch = 0 AND j.state IN ('ready', 'scheduled', 'deferred')"
                 "   ORDER BY j.id FOR UPDATE OF j SKIP LOCKED),"
                 f" s AS (SELECT o.id, o.error, o.ord, nextval('{s}.finish_seq') AS fseq"
                 "   FROM (SELECT * FROM lk ORDER BY ord) o),"
@@ -972,7 +997,7 @@ def counts(conn: Any, s: str) -> dict[str, int]:
 
 
 def has_pending(conn: Any, s: str) -> bool:
-    """Whether any job is ready, scheduled or running: three index probes, whatever the table holds.
+    """Whether any job is ready, scheduled, running or deferred: index probes, whatever the table holds.
 
     Each probe is a scalar subquery ordered as its partial index is (an ``EXISTS`` would drop the
     order), so that the planner walks the index even when it believes most rows qualify: a
@@ -985,7 +1010,8 @@ def has_pending(conn: Any, s: str) -> bool:
             f" ORDER BY priority DESC, run_at, seq LIMIT 1) IS NOT NULL"
             f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'ready' AND parked IS NOT NULL ORDER BY parked LIMIT 1)"
             f" IS NOT NULL OR (SELECT 1 FROM {s}.jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1) IS NOT NULL"
-            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'running' ORDER BY node LIMIT 1) IS NOT NULL",
+            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'running' ORDER BY node LIMIT 1) IS NOT NULL"
+            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'deferred' AND seq > 0 ORDER BY seq LIMIT 1) IS NOT NULL",
         )
         return bool(_row(cur)[0])
 

@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -34,12 +34,12 @@ from .._base import (
     no_limits,
 )
 from ..table.store import _checked
-from . import _admin, _limits
+from . import _admin, _defer, _limits
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
 from ._rows import encode_payload
-from ._schema import SCHEMA_VERSION, check_schema_name, current_version, migrate
+from ._schema import SCHEMA_VERSION, check_schema_name, current_version, ensure_fair_index, migrate
 
 __all__ = ["PostgresStore"]
 
@@ -56,7 +56,7 @@ NOTIFY_EVERY = 0.002
 OPEN_TIMEOUT = 15.0
 #: How long a call keeps retrying while the database cannot be reached (a restart, a failover).
 OUTAGE = 60.0
-_READY, _SCHEDULED = JobState.READY, JobState.SCHEDULED
+_READY, _SCHEDULED, _DEFERRED = JobState.READY, JobState.SCHEDULED, JobState.DEFERRED
 _OUTCOMES = (Succeeded, Failed, Released, Snoozed)
 #: Seconds between sweeps of run-out rate states, and how far before now a swept ``tat`` must lie
 #: (so that nodes whose clocks run up to that far behind still find the rows that matter to them).
@@ -66,7 +66,10 @@ _RATE_SWEEP_MARGIN = 600.0
 #: sudden backlog) the planner takes the ready index for a few rows and answers a claim with a
 #: bitmap scan and a sort of every ready job: 25 ms per claim at 20,000, against 2.6 ms in index
 #: order. Every statement trioq runs is an index lookup, a range in index order, or a full scan.
-_PLANNER = "-c enable_bitmapscan=off"
+#: No JIT either: a fair claim's skip scan (a recursive CTE) is estimated past ``jit_above_cost`` at a few
+#: tenants, and compiling it took 150 ms of a statement that runs in 0.3 ms. No statement of trioq's
+#: runs long enough to gain from it.
+_PLANNER = "-c enable_bitmapscan=off -c jit=off"
 #: libpq's TCP keepalives: a connection whose peer went silent fails within about 40 s.
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 6}
 
@@ -186,7 +189,7 @@ class PostgresStore:
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
         self._fetch: trio.MemorySendChannel[list[str]] | None = None
-        self._gatherer: Gatherer[_Row, tuple[Job | None, float]] | None = None
+        self._gatherer: Gatherer[_Row, tuple[Job | None, float, str]] | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self.schema!r}, lease={self.lease!r})"
@@ -248,10 +251,6 @@ class PostgresStore:
                 "this PostgresStore is already open by another queue; give each queue its own PostgresStore "
                 "(many may share one database)"
             )
-        if config.fairness is not None:
-            raise ValueError(
-                "PostgresStore does not order claims fairly across tenants yet; open the queue with fairness=None"
-            )
         from psycopg_pool import ConnectionPool
 
         self._config = config
@@ -274,6 +273,8 @@ class PostgresStore:
             await self._call(self._prepare_schema)
             self._leading = await self._call(sql.lead, config.node, config.clock(), self.leader_ttl)
             await self.evict()  # the session's bounds hold from the start
+            if config.defer_past is not None:  # room made while no session was open is filled now
+                self._admitted(await self._call(_defer.admit, config.defer_past, config.clock(), config.fairness))
             stop = threading.Event()
             send, receive = trio.open_memory_channel[list[str]](math.inf)
             self._fetch = send
@@ -327,14 +328,17 @@ class PostgresStore:
     def _prepare_schema(self, conn: Any, schema: str) -> None:
         if self.migrate:
             migrate(conn, schema)
-            return
-        with conn.cursor() as cur:
-            version = current_version(cur, schema)
-        if version != SCHEMA_VERSION:
-            raise RuntimeError(
-                f"schema {schema!r} is at version {version}, this trioq needs {SCHEMA_VERSION}; run "
-                f"`trioq pg migrate DSN --schema {schema}` (or open with migrate=True)"
-            )
+        else:
+            with conn.cursor() as cur:
+                version = current_version(cur, schema)
+            if version != SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"schema {schema!r} is at version {version}, this trioq needs {SCHEMA_VERSION}; run "
+                    f"`trioq pg migrate DSN --schema {schema}` (or open with migrate=True)"
+                )
+        if self._open().fairness is not None:
+            # The index fair claims read, built the first time a session claims fairly (see FAIR_INDEX).
+            ensure_fair_index(conn, schema)
 
     async def _listen(self, stop: threading.Event, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the listener thread; started once it first listens (no hint sent after the session opens is
@@ -472,30 +476,54 @@ class PostgresStore:
         if max_pending is None and self._gatherer is not None:
             # Sent with the other adds waiting meanwhile, in one statement.
             answers = await self._gatherer.call(rows)  # a call's rows go in one statement: one now
-            found, now = [was for was, _ in answers], answers[0][1]
+            found, now = [was for was, _, _ in answers], answers[0][1]
+            states: list[str] | None = [state for _, _, state in answers]
         else:
-            found, now = await self._insert(rows, max_pending)
-        return self._added(rows, found, now, announce=True)
+            found, now, states = await self._insert(rows, max_pending)
+        return self._added(rows, found, now, announce=True, states=states)
 
-    async def _insert(self, rows: list[_Row], max_pending: int | None) -> tuple[list[Job | None], float]:
-        """Insert ``rows`` in one statement at the store's now: what :func:`sql.add` found, and that now.
+    async def _insert(
+        self, rows: list[_Row], max_pending: int | None
+    ) -> tuple[list[Job | None], float, list[str] | None]:
+        """Insert ``rows`` in one statement at the store's now: what :func:`sql.add` found, that now, and
+        (``defer_past`` set) each row's state as inserted (see ``_defer.add``).
 
         Other nodes hear of the ready jobs inside the statement, or from the
         notifier soon after when a NOTIFY went out within :data:`NOTIFY_EVERY`.
         """
-        now = self._open().clock()
+        config = self._open()
+        now = config.clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         notify = self._inline_notify(ready)
-        found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
+        states: list[str] | None = None
+        if config.defer_past is None:
+            found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
+            inserted = [was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True)]
+        else:
+            found, states, admitted = await self._call(
+                _defer.add, rows, now, config.defer_past, max_pending, notify, config.fairness, retried=True
+            )
+            inserted = [was is None and state == "ready" for was, state in zip(found, states or (), strict=True)]
+            self._admitted(admitted)
         if notify is None and ready:
-            inserted = (was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True))
             self._announce(sum(inserted))
-        return found, now
+        return found, now, states
 
-    async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float]]:
+    async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float, str]]:
         """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``."""
-        found, now = await self._insert(rows, None)
-        return [(was, now) for was in found]
+        found, now, states = await self._insert(rows, None)
+        if states is None:
+            return [(was, now, "") for was in found]
+        return [(was, now, state) for was, state in zip(found, states, strict=True)]
+
+    def _admitted(self, admitted: _defer.Admitted) -> None:
+        """Deferred jobs an admission made ready or scheduled: this node's workers and timer hear, and
+        (soon) the other nodes."""
+        if admitted.ready:
+            self._open().on_ready(admitted.ready)
+            self._announce(admitted.ready)
+        for run_at in admitted.scheduled:
+            self._scheduled(run_at)
 
     def add_tx(self, conn: Any, jobs: Sequence[NewJob], now: float) -> list[Job]:
         """:meth:`add` inside the caller's transaction on the psycopg connection ``conn`` (sync).
@@ -504,15 +532,23 @@ class PostgresStore:
         never if it rolls back. No ``max_ready`` bound: the caller's
         transaction decides. Callable from any thread.
         """
-        self._open()
+        config = self._open()
         rows = self._rows(jobs)
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         # Node "": every node hears it, this one included (it commits later, out of our sight).
         notify = (self.channel, f"r||{ready}") if ready else None
-        found = sql.add(conn, self.schema, rows, now, None, notify)
+        states: list[str] | None = None
+        if config.defer_past is None:
+            found = sql.add(conn, self.schema, rows, now, None, notify)
+        else:
+            # Deferred past the bound as an enqueue is, counted in the caller's snapshot; it admits nothing
+            # (that would hold the admission lock until the caller commits).
+            found, states, _ = _defer.add(
+                conn, self.schema, rows, now, config.defer_past, None, notify, config.fairness, admit_first=False
+            )
         if any(job.deadline is not None for _, job, _ in rows):
             self._deadlines_used = True  # claims look for due deadlines from now on (a plain flag: any thread)
-        return self._added(rows, found, now, announce=False)
+        return self._added(rows, found, now, announce=False, states=states)
 
     def _rows(self, jobs: Sequence[NewJob]) -> list[_Row]:
         rows = []
@@ -522,16 +558,27 @@ class PostgresStore:
             rows.append((self._ids(), checked, encode_payload(checked.payload, f"{where}payload")))
         return rows
 
-    def _added(self, rows: list[_Row], found: list[Job | None], now: float, *, announce: bool) -> list[Job]:
+    def _added(
+        self,
+        rows: list[_Row],
+        found: list[Job | None],
+        now: float,
+        *,
+        announce: bool,
+        states: Sequence[str] | None = None,
+    ) -> list[Job]:
         config = self._config
         out: list[Job] = []
         ready = 0
-        for (job_id, job, _), existing in zip(rows, found, strict=True):
+        for i, ((job_id, job, _), existing) in enumerate(zip(rows, found, strict=True)):
             if existing is not None:
                 out.append(existing)
                 continue
             run_at = now + job.delay
-            state = _SCHEDULED if run_at > now else _READY
+            if states is not None and states[i] == "deferred":
+                state = _DEFERRED
+            else:
+                state = _SCHEDULED if run_at > now else _READY
             deadline = None if job.deadline is None else now + job.deadline
             out.append(
                 Job(job_id, job.task, job.payload, state, 0, 0, job.priority, job.key, job.max_attempts, run_at, now,
@@ -539,7 +586,7 @@ class PostgresStore:
             )  # fmt: skip
             if state is _READY:
                 ready += 1
-            elif announce and config is not None:
+            elif announce and config is not None and state is _SCHEDULED:
                 self._scheduled(run_at)
             if deadline is not None and announce and config is not None:
                 self._deadlines_used = True
@@ -567,25 +614,36 @@ class PostgresStore:
         promote = now >= self._due
         walk = queues is None and bool(self._paused_known)
         probe = self._deadlines_used
-        promoted: tuple[sql.Promoted, list[Job]] | None = None
+        promoted: tuple[sql.Promoted, list[Job], _defer.Admitted] | None = None
         late: list[Job] = []
         channel, me, watched = self.channel, config.node, config.watched
+        fair, defer = config.fairness, config.defer_past
+        admitted = _defer.Admitted()
 
-        def claim(conn: Any, schema: str) -> sql.Claimed:
-            nonlocal tries, promoted, late, walk, probe
-            tries += 1
-            if promote and tries == 1:  # due run_at or deadlines this node knows of: before picking
-                promoted = _promote(conn, schema, now, channel, me, watched, config.limits)
-                walk = queues is None and bool(promoted[0].paused)
-                probe = promoted[0].next_deadline is not None
+        def claim_jobs(conn: Any, schema: str) -> sql.Claimed:
+            nonlocal late
             claimed = sql.claim(
                 conn, schema, request.node, limit, lease_until, token, tries > 1,
-                now=now, queues=queues, walk=walk, probe=probe, limit_of=config.limits,
+                now=now, queues=queues, walk=walk, probe=probe, limit_of=config.limits, fair=fair,
             )  # fmt: skip
             if claimed.next_deadline is not None and claimed.next_deadline <= now:
                 # Deadlines this node had not heard of (another node's jobs) have come: the claim left those
                 # jobs, and they are cancelled now rather than at the next promote.
                 late = _expire(conn, schema, now, channel, me, watched, config.limits)
+            return claimed
+
+        def claim(conn: Any, schema: str) -> sql.Claimed:
+            nonlocal tries, promoted, walk, probe, admitted
+            tries += 1
+            if promote and tries == 1:  # due run_at or deadlines this node knows of: before picking
+                promoted = _promote(conn, schema, now, channel, me, watched, config.limits, defer, fair)
+                walk = queues is None and bool(promoted[0].paused)
+                probe = promoted[0].next_deadline is not None
+            if defer is None:
+                return claim_jobs(conn, schema)
+            with conn.transaction():  # the room the claim makes is filled in its own transaction
+                claimed = claim_jobs(conn, schema)
+                admitted = _defer.admit(conn, schema, defer, now, fair)
             return claimed
 
         claim.__name__ = "claim"
@@ -594,6 +652,8 @@ class PostgresStore:
             self._promoted(*promoted)
         if late:
             self._local_finished(late)
+        if admitted:
+            self._admitted(admitted)
         if claimed.next_deadline is not None:
             self._deadlines_used = True
             if claimed.next_deadline > now:
@@ -627,7 +687,9 @@ class PostgresStore:
         usable = [(str(job_id), int(epoch)) for job_id, epoch in held if _usable_id(job_id) and _usable_epoch(epoch)]
         until = config.clock() + lease
         answers = iter(await self._call(sql.extend, node, usable, until) if usable else [])
-        if node == config.node:
+        if node == config.node and usable:
+            # Only a statement that ran renewed the node's row: an extend of nothing writes none, and a
+            # claim that believed it had must still write the row (else rescue takes its jobs at once).
             self._lease_until = until
         return [next(answers) if _usable_id(job_id) and _usable_epoch(epoch) else False for job_id, epoch in held]
 
@@ -682,9 +744,12 @@ class PostgresStore:
         if not _usable_id(job_id):
             await trio.lowlevel.checkpoint()
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
-        result, running, unparked = await self._call(
-            _cancel, job_id, config.clock(), self.channel, config.node, config.limits, retried=True
-        )
+        result, running, unparked, admitted = await self._call(
+            _cancel, job_id, config.clock(), self.channel, config.node, config.limits, config.defer_past,
+            config.fairness, retried=True,
+        )  # fmt: skip
+        if admitted:
+            self._admitted(admitted)
         if running is not None:
             config.on_cancel(job_id, running)
         if unparked:
@@ -705,11 +770,14 @@ class PostgresStore:
 
     async def promote(self) -> float | None:
         config = self._open()
-        done = await self._call(_promote, config.clock(), self.channel, config.node, config.watched, config.limits)
+        done = await self._call(
+            _promote, config.clock(), self.channel, config.node, config.watched, config.limits, config.defer_past,
+            config.fairness,
+        )  # fmt: skip
         self._promoted(*done)
         return done[0].next_due
 
-    def _promoted(self, done: sql.Promoted, finished: list[Job]) -> None:
+    def _promoted(self, done: sql.Promoted, finished: list[Job], admitted: _defer.Admitted | None = None) -> None:
         """What a promote did, told: ready jobs to this node's workers and (soon) the others', the
         terminal snapshots of watched jobs it cancelled for their deadline; what it read of the next
         due time and the pauses is kept."""
@@ -721,6 +789,8 @@ class PostgresStore:
         if ready:
             self._open().on_ready(ready)
             self._announce(ready)
+        if admitted:
+            self._admitted(admitted)
         self._local_finished(finished)
 
     def _scheduled(self, at: float) -> None:
@@ -786,7 +856,8 @@ class PostgresStore:
         return await self._call(_admin.limit_usage)
 
     async def has_pending(self) -> bool:
-        """Whether any job is ready, scheduled or running (what ``join()`` asks; cheaper than :meth:`counts`)."""
+        """Whether any job is ready, scheduled, running or deferred (what ``join()`` asks; cheaper than
+        :meth:`counts`)."""
         self._open()
         return await self._call(sql.has_pending)
 
@@ -836,14 +907,23 @@ def _cancel(
     channel: str,
     node: str,
     limit_of: Callable[[str], Limit | None],
+    defer: int | None = None,
+    fair: Mapping[str, float] | None = None,
     *,
     retried: bool = False,
-) -> tuple[CancelResult, int | None, int]:
+) -> tuple[CancelResult, int | None, int, _defer.Admitted]:
     """``cancel`` in one worker thread, and the unparking of the jobs waiting on the keys of the attempt it
-    stopped (how many)."""
+    stopped (how many); with ``defer``, the admission of deferred jobs into the room it made, in its own
+    transaction."""
     freed: set[str] = set()
-    result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
-    return result, running, _limits.unpark(conn, schema, freed, limit_of)
+    admitted = _defer.Admitted()
+    if defer is None:
+        result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
+    else:
+        with conn.transaction():
+            result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
+            admitted = _defer.admit(conn, schema, defer, now, fair)
+    return result, running, _limits.unpark(conn, schema, freed, limit_of), admitted
 
 
 def _rescue(conn: Any, schema: str, now: float, limit_of: Callable[[str], Limit | None]) -> tuple[int, int]:
@@ -864,16 +944,32 @@ def _release_node(conn: Any, schema: str, node: str, limit_of: Callable[[str], L
 
 
 def _promote(
-    conn: Any, schema: str, now: float, channel: str, node: str, watched: Any, limit_of: Callable[[str], Limit | None]
-) -> tuple[sql.Promoted, list[Job]]:
+    conn: Any,
+    schema: str,
+    now: float,
+    channel: str,
+    node: str,
+    watched: Any,
+    limit_of: Callable[[str], Limit | None],
+    defer: int | None = None,
+    fair: Mapping[str, float] | None = None,
+) -> tuple[sql.Promoted, list[Job], _defer.Admitted]:
     """``promote`` in one worker thread, and the terminal snapshots of the watched jobs it cancelled for
     their deadline (read at once, as ``_complete`` does); the keys of the jobs it cancelled unparked (one
-    may have been let go for a slot it never took)."""
+    may have been let go for a slot it never took). With ``defer`` (``defer_past``), deferred jobs are
+    admitted into the room, in the same transaction as the expiry that made it (and whatever room
+    concurrency left)."""
     freed: set[str] = set()
-    done = sql.promote(conn, schema, now, channel, node, freed=freed)
+    admitted = _defer.Admitted()
+    if defer is None:
+        done = sql.promote(conn, schema, now, channel, node, freed=freed)
+    else:
+        with conn.transaction():
+            done = sql.promote(conn, schema, now, channel, node, freed=freed)
+            admitted = _defer.admit(conn, schema, defer, now, fair)
     if unparked := _limits.unpark(conn, schema, freed, limit_of):
         done = attrs.evolve(done, unparked=done.unparked + unparked)
-    return done, _watched_snapshots(conn, schema, done.expired, watched)
+    return done, _watched_snapshots(conn, schema, done.expired, watched), admitted
 
 
 def _expire(
