@@ -22,6 +22,8 @@ matplotlib``). Figures written (each only if its data is there):
     ``cpu.jsonl``: jobs/s of process handlers against workers, with the ideal.
 ``scale.png``
     ``scale.jsonl``: enqueue, drain and recovery rates against jobs held.
+``overload.png``
+    ``overload.jsonl``: on time % per arm of each profile (median, min-max over the seeds).
 """
 
 from __future__ import annotations
@@ -250,6 +252,47 @@ def plot_scale(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Pa
     return save(plt, fig, out / "scale.png")
 
 
+def plot_overload(plt: Any, data: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    """``overload.jsonl``: on time % per arm (median, min-max bars over the seeds), one panel per
+    profile but the first (every arm 100 % there); the last line of each profile and arm counts."""
+    arms: dict[int, dict[str, dict[str, Any]]] = {}
+    names: dict[int, str] = {}
+    for r in data.get("overload", []):
+        if r.get("section") == "overload":
+            arms.setdefault(r["profile"], {})[r["arm"]] = r
+            names[r["profile"]] = r.get("profile_name", "")
+    profiles = [n for n in sorted(arms) if n != 1]
+    if not profiles:
+        return None
+    cols = 2
+    rows = (len(profiles) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.8 * rows), squeeze=False)
+    for ax, number in zip([a for row in axes for a in row], profiles, strict=False):
+        lines = list(arms[number].values())
+        labels = [r["arm"] for r in lines]
+        median = [r["on_time_pct"]["median"] for r in lines]
+        low = [m - r["on_time_pct"]["min"] for m, r in zip(median, lines, strict=True)]
+        high = [r["on_time_pct"]["max"] - m for m, r in zip(median, lines, strict=True)]
+        colours = ["tab:grey" if label in ("fifo", "defer") else "tab:blue" for label in labels]
+        ax.barh(range(len(lines)), median, xerr=[low, high], color=colours, capsize=3)
+        for y, (m, r) in enumerate(zip(median, lines, strict=True)):
+            ax.annotate(
+                f"{m:.1f}", (r["on_time_pct"]["max"], y), textcoords="offset points", xytext=(5, -3), fontsize=7
+            )
+        ax.set_yticks(range(len(lines)))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 110)
+        ax.set_title(f"profile {number}: {names[number]}", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    for ax in [a for row in axes for a in row][len(profiles) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        "overload benchmark: % of offered tasks done within 500 ms (median, min-max over 5 seeds)", fontsize=10
+    )
+    return save(plt, fig, out / "overload.png")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=_ROOT / "benchmarks" / "results")
@@ -272,7 +315,7 @@ def main() -> int:
         print(f"plot: no *.jsonl files in {args.results}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    plots = (plot_throughput, plot_reliability, plot_peers, plot_cpu, plot_scale)
+    plots = (plot_throughput, plot_reliability, plot_peers, plot_cpu, plot_scale, plot_overload)
     written = [p for p in (plot(plt, data, args.out) for plot in plots) if p]
     if not written:
         print("plot: nothing to plot (no results lines it knows)", file=sys.stderr)
