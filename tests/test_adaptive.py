@@ -4,7 +4,7 @@ import pytest
 
 import trioq
 from trioq.policies.adaptive import AdaptiveCap
-from trioq.policies.limits import LimitBook
+from trioq.policies.limits import FORGET_AFTER, LimitBook
 
 
 def simulate(
@@ -172,3 +172,63 @@ async def test_overloaded_is_the_jobs_error(autojump_clock: object) -> None:
         job = await queue.wait((await queue.enqueue("busy")).id)
     assert job.state == "dead"
     assert job.error == "Overloaded: pool exhausted"
+
+
+def test_asking_creates_no_controller_and_idle_ones_are_forgotten() -> None:
+    book = LimitBook()
+    book.declare("user:*", max=trioq.Adaptive(2, 6))
+    for i in range(1000):
+        assert book.resolve(f"user:{i}").max == 2  # type: ignore[union-attr]
+    assert book._caps == {}
+    for i in range(100):
+        book.started([f"user:{i}"])
+        book.observe([f"user:{i}"], 1.0, 0.5)
+    assert len(book._caps) == 100
+    book.started(["user:busy"])  # in flight: kept however long
+    book.observe(["user:0"], 1.0 + FORGET_AFTER + 1.0, 0.5)  # user:0 was just seen: kept
+    assert set(book._caps) == {"user:0", "user:busy"}
+
+
+def test_a_zero_latency_window_does_not_pin_the_cap() -> None:
+    """A coarse clock can report 0 s: the baseline must not stay 0 (every later window would look
+    queued and shrink the cap for ever)."""
+    cap = AdaptiveCap(trioq.Adaptive(1, 8))
+    for _ in range(4):
+        cap.started()
+    for _ in range(4):
+        cap.observe(1.0, 0.0)
+    t = 1.0
+    for _ in range(200):
+        t += 1.0
+        for _ in range(8):
+            cap.started()
+        for _ in range(8):
+            cap.observe(t, 1.0)
+    assert cap.cap == 8
+
+
+async def test_shutdown_and_job_errors_leave_the_controller_as_it_should(autojump_clock: object) -> None:
+    """An attempt cut off by shutdown ends for its keys (nothing left counted in flight), and errors
+    that doom the job whatever the dependency does (NoRetry) do not cut the cap."""
+    import trio
+
+    registry = trioq.Registry()
+    registry.limit("dep", max=trioq.Adaptive(min=4, max=8))
+
+    @registry.task(limits=["dep"])
+    async def forever(ctx: trioq.JobContext) -> None:
+        await trio.sleep_forever()
+
+    @registry.task(limits=["dep"], max_attempts=1)
+    async def bad(ctx: trioq.JobContext) -> None:
+        raise trioq.NoRetry("payload invalid")
+
+    async with trioq.open_queue(registry, workers=4, shutdown_grace=0.1) as queue:
+        for _ in range(3):
+            await queue.wait((await queue.enqueue("bad")).id)
+        assert registry.limits.resolve("dep").max == 4  # type: ignore[union-attr]
+        for _ in range(2):
+            await queue.enqueue("forever")
+        await trio.sleep(1.0)
+        assert registry.limits._caps["dep"].inflight == 2
+    assert registry.limits._caps["dep"].inflight == 0

@@ -21,7 +21,7 @@ import trio
 from .._context import Attempt
 from .._model import Job, JobState, error_text
 from .._registry import Registry, TaskDef
-from ..stores._base import Failed, Outcome, Released, Store, Succeeded
+from ..stores._base import Failed, Outcome, Released, Snoozed, Store, Succeeded
 from .completer import Completer
 from .executor import Executor
 from .exits import without_cancelled
@@ -41,6 +41,7 @@ class _Worker:
     started: float = 0.0  # perf_counter() when the current attempt began (for its logged duration)
     wall_started: float = 0.0  # the store's clock then (kept only for observers)
     trio_started: float = 0.0  # trio.current_time() then (kept only for adaptive limits)
+    reporting: bool = False  # the attempt told its adaptive keys it started, and has not ended for them
     job: Job | None = None
     task: TaskDef | None = None
     attempt: Attempt | None = None
@@ -257,6 +258,9 @@ class WorkerPool:
                     await self.completer.complete(Released(job.id, job.epoch), job, me.started)
             raise
         finally:
+            if me.reporting and me.job is not None:  # cut off (shutdown): it only ends for its keys
+                me.reporting = False
+                self._report(me.job, None, me.trio_started)
             self._workers.discard(me)
             if me.stuck:
                 self._stuck -= 1
@@ -283,6 +287,7 @@ class WorkerPool:
                     me.wall_started = self._clock()
                 if self._adaptive and job.limits:
                     me.trio_started = trio.current_time()
+                    me.reporting = True
                     registry.limits.started(job.limits)
                 debug = debug_enabled()
                 if debug:
@@ -309,6 +314,26 @@ class WorkerPool:
         await self._settle(me, outcome, debug)
         return not me.stuck
 
+    def _report(self, job: Job, outcome: Outcome | None, started: float) -> None:
+        """Tell the adaptive keys ``job`` holds how its attempt ended: its latency and whether it failed.
+
+        Only a failure that may be the dependency's counts: an error that will be retried (a
+        timeout, a hang, ``Overloaded``, any exception). One that dooms the job whatever the
+        dependency does (``NoRetry``, a task's ``no_retry``, an unknown task) does not, nor does a
+        snooze (the handler chose to wait: no latency to learn from). ``None`` (decided elsewhere,
+        or cut off) only ends the attempt.
+        """
+        now = trio.current_time()
+        failed = isinstance(outcome, Failed)
+        if (
+            outcome is None
+            or isinstance(outcome, Snoozed)
+            or (isinstance(outcome, Failed) and outcome.retry_in is None)
+        ):
+            self._registry.limits.observe(job.limits, now, math.nan)
+            return
+        self._registry.limits.observe(job.limits, now, now - started, failed=failed)
+
     async def _settle(self, me: _Worker, outcome: Outcome | None, debug: bool = False) -> None:
         """Record the outcome of ``me``'s attempt (``None``: decided already) under its epoch;
         ``debug``: whether ``trioq`` logs at DEBUG (asked once per attempt)."""
@@ -318,10 +343,9 @@ class WorkerPool:
             ran = self._clock() - me.wall_started
             for observer in self.observers:
                 observer(task.name, max(me.wall_started - job.run_at, 0.0), ran)
-        if self._adaptive and job.limits:
-            now = trio.current_time()
-            latency = now - me.trio_started if outcome is not None else math.nan
-            self._registry.limits.observe(job.limits, now, latency, failed=type(outcome) is Failed)
+        if me.reporting:
+            me.reporting = False
+            self._report(job, outcome, me.trio_started)
         try:
             if outcome is not None:
                 completer = self.completer

@@ -444,8 +444,9 @@ class Queue:
     async def explain(self, job_id: str | Job) -> dict[str, Any]:
         """Why the job is not running now, JSON-ready: ``{"id", "state", "queue", "reasons": [...]}``.
 
-        ``job_id`` may be a :class:`~trioq.Job` snapshot the caller holds: it is explained as it
-        stands in that snapshot (its state is not read again; the pauses and keys are).
+        ``job_id`` may be a :class:`~trioq.Job` snapshot of this queue's job that the caller holds:
+        it is explained as it stands in that snapshot (its state is not read again, nor is it
+        checked to be in this queue's store; the pauses and keys are read).
 
         Each reason is ``{"kind", "message", ...}`` (most decisive first): ``scheduled`` (not due
         yet), ``paused`` (its queue), ``limit`` (a key's slots all held), ``rate`` (no token of a

@@ -13,7 +13,9 @@ between ``Adaptive.min`` and ``Adaptive.max``, starting at ``min``:
   attempt) from the mean latency of the window's successes. ``baseline`` is
   the least window mean seen, rising by :data:`BASELINE_DRIFT` a window so a
   dependency that got slower for good is relearnt; the queue the cap builds at
-  the dependency is estimated as ``cap * (1 - baseline / mean)``. Above
+  the dependency is estimated as ``cap * (1 - baseline / mean)`` (every
+  :data:`BASELINE_RESET` windows the baseline is relearnt from the window's
+  mean, and a window lasts at most :data:`LONGEST_WINDOW` baselines). Above
   :data:`SHRINK_ABOVE` the cap shrinks by one. Below :data:`GROW_BELOW` it
   grows by one, if the window's attempts in flight reached half the cap (a cap
   nobody fills proves nothing) and the window was the ``hold``-th calm one in a
@@ -34,7 +36,17 @@ import math
 
 from .._model import Adaptive
 
-__all__ = ["BASELINE_DRIFT", "DECREASE", "GROW_BELOW", "MAX_HOLD", "SHRINK_ABOVE", "SKIP", "AdaptiveCap"]
+__all__ = [
+    "BASELINE_DRIFT",
+    "BASELINE_RESET",
+    "DECREASE",
+    "GROW_BELOW",
+    "LONGEST_WINDOW",
+    "MAX_HOLD",
+    "SHRINK_ABOVE",
+    "SKIP",
+    "AdaptiveCap",
+]
 
 #: Multiplier on errors, timeouts and Overloaded (at most once a window).
 DECREASE = 0.5
@@ -48,6 +60,11 @@ BASELINE_DRIFT = 0.01
 SKIP = 1.5
 #: The most calm windows a growth waits for after failed probes.
 MAX_HOLD = 32
+#: Every this many windows the baseline is set to the window's mean: a baseline learnt from a burst
+#: of early returns (a cache hit, "already done") would otherwise keep the cap down for hours.
+BASELINE_RESET = 64
+#: A window lasts at most this many baselines: one very slow success does not freeze the cap.
+LONGEST_WINDOW = 4.0
 
 
 class AdaptiveCap:
@@ -69,11 +86,19 @@ class AdaptiveCap:
         self._hold = 1
         self._calm = 0  # calm windows in a row since the last change
         self._probing = False  # the last change was a growth not yet confirmed
+        self._windows = 0  # windows decided (for BASELINE_RESET)
+        #: When an attempt last started or ended (the book forgets a cap idle long enough).
+        self.last_seen = -math.inf
 
     @property
     def cap(self) -> int:
         """The current cap (how many attempts may hold the key at once)."""
         return self._cap
+
+    @property
+    def inflight(self) -> int:
+        """Attempts started and not yet observed."""
+        return self._inflight
 
     def started(self) -> None:
         """An attempt holding the key started (every start is followed by one :meth:`observe`)."""
@@ -89,6 +114,7 @@ class AdaptiveCap:
         """
         if self._inflight > 0:
             self._inflight -= 1
+        self.last_seen = now
         if now < self._start:
             return  # started under the cap before the last change
         if failed:
@@ -116,8 +142,12 @@ class AdaptiveCap:
 
     def _decide(self, now: float) -> None:
         mean = self._sum / self._n
-        self._window = mean
-        self._baseline = min(mean, self._baseline * (1 + BASELINE_DRIFT))
+        self._windows += 1
+        if self._baseline <= 0 or self._windows % BASELINE_RESET == 0:
+            self._baseline = mean  # relearnt (a zero baseline, from a coarse clock, would never rise)
+        else:
+            self._baseline = min(mean, self._baseline * (1 + BASELINE_DRIFT))
+        self._window = min(mean, LONGEST_WINDOW * self._baseline) if self._baseline > 0 else mean
         queue = self._cap * (1 - self._baseline / mean) if mean > 0 else 0.0
         if queue > SHRINK_ABOVE:
             if self._probing:

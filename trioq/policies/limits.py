@@ -24,7 +24,10 @@ from .. import _validate as validate
 from .._model import INT_MAX, Adaptive, InvalidJob, Limit, is_storable_int, label_problem
 from .adaptive import AdaptiveCap
 
-__all__ = ["MIN_INTERVAL", "LimitBook", "check_templates", "fill_keys"]
+__all__ = ["FORGET_AFTER", "MIN_INTERVAL", "LimitBook", "check_templates", "fill_keys"]
+
+#: Seconds after which an adaptive key's controller with nothing in flight is forgotten.
+FORGET_AFTER = 600.0
 
 #: The shortest interval between starts a rate may ask for (10,000 a second under one key): below
 #: it, float rounding of wall-clock times near 1.7e9 s (and RATE_SLACK) would swallow the bound.
@@ -44,6 +47,7 @@ class LimitBook:
         self._patterns: list[tuple[str, Limit]] = []  # (prefix, limit), longest prefix first
         self._adaptive: dict[str, Adaptive] = {}  # declared key or pattern -> its spec
         self._caps: dict[str, AdaptiveCap] = {}  # concrete key -> its controller
+        self._next_sweep = -math.inf
 
     def __bool__(self) -> bool:
         return bool(self._exact) or bool(self._patterns)
@@ -118,12 +122,14 @@ class LimitBook:
         """The limit the concrete ``key`` has: its own, else the longest pattern matching it, else ``None``.
 
         For an adaptive limit, ``max`` is the key's current cap (each concrete key of a
-        pattern has its own), so the result changes as attempts report: do not cache it.
+        pattern has its own; ``Adaptive.min`` for a key no attempt has held lately), so the
+        result changes as attempts report: do not cache it. Asking creates no controller.
         """
         limit = self._declared(key)
         if limit is None or limit.key not in self._adaptive:
             return limit
-        return attrs.evolve(limit, max=self._cap(key, limit).cap)
+        cap = self._caps.get(key)
+        return attrs.evolve(limit, max=self._adaptive[limit.key].min if cap is None else cap.cap)
 
     @property
     def has_adaptive(self) -> bool:
@@ -146,11 +152,18 @@ class LimitBook:
         """An attempt holding ``keys`` ended: feed it to each adaptive key's controller (others ignore it).
 
         ``latency=math.nan``: the attempt's outcome was decided elsewhere (a cancel); it only ends.
+        A key's controller idle for :data:`FORGET_AFTER` seconds (nothing in flight) is forgotten,
+        at most once a minute: per-user keys must not pile up; the key starts again at ``min``.
         """
         for key in keys:
-            limit = self._declared(key)
-            if limit is not None and limit.key in self._adaptive:
-                self._cap(key, limit).observe(now, latency, failed=failed)
+            cap = self._caps.get(key)
+            if cap is not None:
+                cap.observe(now, latency, failed=failed)
+        if now >= self._next_sweep:
+            self._next_sweep = now + 60.0
+            idle = [key for key, cap in self._caps.items() if cap.inflight == 0 and cap.last_seen < now - FORGET_AFTER]
+            for key in idle:
+                del self._caps[key]
 
     def include(self, other: LimitBook) -> None:
         """Declare every limit of ``other`` here; a key declared in both raises ``ValueError``."""

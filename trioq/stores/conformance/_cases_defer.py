@@ -129,3 +129,16 @@ class DeferCases(CaseBase):
             (y,) = await store.add([harness.job(tenant="y")])
             order = [(await claim_one(store)).id for _ in range(5)]
             assert order == [head.id, xs[0].id, y.id, xs[1].id, xs[2].id]
+
+    async def test_a_session_without_a_bound_admits_every_deferred_job(self, harness: Harness) -> None:
+        """Jobs deferred under one session's bound run under a session that has none (``defer_past=None``):
+        it admits them all as it opens, and defers nothing new."""
+        first_store = harness.make()
+        async with harness.session(first_store, defer_past=1) as store:
+            jobs = await store.add([harness.job() for _ in range(3)])
+            assert [job.state for job in jobs] == [JobState.READY] + [JobState.DEFERRED] * 2
+        async with harness.session(harness.reopen(first_store)) as store:
+            assert await store.counts() == zero_counts(ready=3)
+            (later,) = await store.add([harness.job()])
+            assert later.state is JobState.READY
+            assert [(await claim_one(store)).id for _ in range(4)] == [*(job.id for job in jobs), later.id]

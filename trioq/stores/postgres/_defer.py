@@ -98,6 +98,16 @@ def admit(conn: Any, s: str, bound: int, now: float, weights: Mapping[str, float
         return _admit_locked(cur, s, room, now, weights)
 
 
+def admit_all(conn: Any, s: str, now: float) -> Admitted:
+    """Admit every deferred job (a session without a bound opens on jobs an earlier one deferred), in
+    one statement (all of them: no order to keep); one probe when nothing is deferred."""
+    with conn.transaction(), _cur(conn) as cur:
+        if not _row(_run(cur, f"SELECT {_probe(s)}"))[0]:
+            return Admitted()
+        _lock(cur, s)
+        return _admit_locked(cur, s, 2**62, now, None)
+
+
 def _admit_locked(cur: Any, s: str, room: int, now: float, weights: Mapping[str, float] | None) -> Admitted:
     """Admit up to ``room`` deferred jobs (the admission lock held), oldest first or fairly."""
     if room <= 0:

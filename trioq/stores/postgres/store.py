@@ -275,6 +275,8 @@ class PostgresStore:
             await self.evict()  # the session's bounds hold from the start
             if config.defer_past is not None:  # room made while no session was open is filled now
                 self._admitted(await self._call(_defer.admit, config.defer_past, config.clock(), config.fairness))
+            else:  # no bound: jobs an earlier session deferred must not stay so
+                self._admitted(await self._call(_defer.admit_all, config.clock()))
             stop = threading.Event()
             send, receive = trio.open_memory_channel[list[str]](math.inf)
             self._fetch = send

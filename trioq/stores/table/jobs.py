@@ -218,10 +218,11 @@ class JobTable:
         #: with a time when a job passed over for a rate will be due then (the store's hints).
         self.on_unblocked: Callable[[int], None] | None = None
         self.on_throttled: Callable[[float], None] | None = None
-        #: Admission (``StoreConfig.defer_past``): ``None``, or the ready + scheduled count at and
-        #: past which a new job is deferred; deferred jobs are admitted as it drops below. Replay
-        #: runs with ``None`` (an ADD says whether its job was deferred, an ADMIT each admission).
-        self.defer_past: int | None = None
+        #: Admission (``StoreConfig.defer_past``): the ready + scheduled count at and past which a
+        #: new job is deferred; deferred jobs are admitted as it drops below (``math.inf``: every
+        #: deferred job is admitted, none deferred). ``None``: no admission decision at all, for
+        #: replay (an ADD says whether its job was deferred, an ADMIT each admission).
+        self.defer_past: float | None = None
         # The deferred jobs in admission order, as ready-queue items (0.0, seq, entry, token) of
         # priority 0: enqueue order, or fair across tenants (see set_fairness).
         self._deferred: AnyReady = ReadyQueue()
@@ -696,8 +697,9 @@ class JobTable:
         hears of them as of let-go jobs (:attr:`on_unblocked`, :attr:`on_throttled`).
 
         Claims, cancels and expiries call it (a claim and a cancel only when some job is
-        deferred); the store calls it when a session opens. Nothing happens with
-        :attr:`defer_past` ``None``: so in replay, where ADMIT records say what was admitted.
+        deferred); the store calls it when a session opens (with ``math.inf`` for a session
+        without a bound: all of them). Nothing happens with :attr:`defer_past` ``None``: so in
+        replay, where ADMIT records say what was admitted.
         """
         bound = self.defer_past
         counts = self._counts

@@ -206,7 +206,8 @@ class TableStore:
         table.on_unblocked = config.on_ready
         table.on_throttled = config.on_scheduled
         table.set_fairness(config.fairness)
-        table.defer_past = config.defer_past
+        # No bound: admit everything (jobs deferred under an earlier session's bound must not stay so).
+        table.defer_past = config.defer_past if config.defer_past is not None else math.inf
         self._table, self._config = table, config
 
     def _open(self) -> tuple[JobTable, StoreConfig]:
