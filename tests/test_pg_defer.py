@@ -326,3 +326,32 @@ async def test_a_fair_admission_reads_the_indexes_with_stale_statistics(pg_dsn: 
         assert len(reads) >= 4  # the probe, the count, the tenants' heads, their jobs
         for query, buffers in reads:
             assert buffers < 1_000, (buffers, query[:120])
+
+
+async def test_open_queue_defers_and_runs_every_job_fairly(pg_dsn: str) -> None:
+    """Through the runtime: open_queue(max_ready=3, overflow="defer", fairness={}) on PostgreSQL keeps
+    the jobs past the bound deferred, join() waits for them, and every one runs once."""
+    registry = trioq.Registry()
+    ran: list[tuple[str, int]] = []
+
+    @registry.task()
+    async def work(ctx: trioq.JobContext, i: int) -> None:
+        await trio.sleep(0.01)
+        ran.append((ctx.job.tenant or "", i))
+
+    store = trioq.PostgresStore(pg_dsn, schema=_schema())
+    with trio.fail_after(60):
+        async with trioq.open_queue(
+            registry, store=store, workers=2, max_ready=3, overflow="defer", fairness={}
+        ) as queue:
+            jobs = [await queue.enqueue("work", {"i": i}, tenant="big") for i in range(12)]
+            jobs += [await queue.enqueue("work", {"i": i}, tenant="small") for i in range(3)]
+            assert (await queue.stats())["jobs"]["deferred"] > 0
+            await queue.join()
+            states = {(await queue.get(job.id)).state for job in jobs}
+    assert states == {JobState.SUCCEEDED}
+    assert sorted(ran) == sorted([("big", i) for i in range(12)] + [("small", i) for i in range(3)])
+    # Admitted by tenant share: the small tenant's jobs do not wait behind all of the big one's
+    # (oldest first, they would run last: 12th to 14th).
+    last_small = max(n for n, (tenant, _) in enumerate(ran) if tenant == "small")
+    assert last_small < 12, ran
