@@ -463,7 +463,8 @@ async def test_a_format_4_log_goes_on_in_format_5_and_its_checkpoint_drops_it(tm
     for number in (2, 3, 4):  # the old segments stay as they were, until a checkpoint
         assert (wal / segment_name(number)).read_bytes() == (DATA / "wal_v4" / segment_name(number)).read_bytes()
     for _ in range(2):  # replayed from the format-5 records, then from a checkpoint of them
-        async with opened_limited(wal, clock, LIMITS_V4) as store:
+        # The same bound: a session without one would admit the deferred job as it opens.
+        async with opened_limited(wal, clock, LIMITS_V4, defer_past=1) as store:
             assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
             got = await store.get(labelled.id)
             assert (got.state, got.queue, got.tenant, got.deadline, got.limits) == (
