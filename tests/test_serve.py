@@ -573,3 +573,21 @@ def test_workers_takes_a_count_or_a_pool_per_named_queue(capsys: pytest.CaptureF
             parse(["serve", "--workers", bad])
         assert exited.value.code == 2
         assert "--workers" in capsys.readouterr().err
+
+
+def test_serve_overflow_defer_needs_max_ready(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served: list[Any] = []
+
+    async def record(args: Any) -> None:  # stands in for the server: the test must never block
+        served.append(args)
+
+    monkeypatch.setattr("trioq._app.serve.serve", record)
+    monkeypatch.delenv("TRIOQ_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--memory", "--port", "0", "--overflow", "defer"])
+    assert exited.value.code == 2 and not served
+    assert "--overflow defer needs --max-ready" in capsys.readouterr().err
+    assert main(["serve", "--memory", "--port", "0", "--overflow", "defer", "--max-ready", "5"]) == 0
+    assert [(args.overflow, args.max_ready) for args in served] == [("defer", 5)]
