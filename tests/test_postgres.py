@@ -182,3 +182,18 @@ def test_trioq_pg_migrate_creates_the_schema_once_and_says_so(pg_dsn: str, capsy
     assert out[0] == "schema ahead: migrated from version 0 to 3"
     assert out[1] == "schema ahead: at version 3 already"
     assert "schema must be" in out[2]
+    # --fairness builds the fair claims' index ahead of the nodes, once.
+    assert main(["pg", "migrate", pg_dsn, "--schema", "ahead", "--fairness"]) == 0
+    assert main(["pg", "migrate", pg_dsn, "--schema", "ahead", "--fairness"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "schema ahead: fair claims' index built"
+    assert out[3] == "schema ahead: fair claims' index there already"
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        (valid,) = conn.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'ahead' AND c.relname = 'jobs_tenant_ready'"
+        ).fetchone()
+    assert valid

@@ -115,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     migrate = pg.add_parser("migrate", help="create or migrate the queue's schema (open_queue does it too)")
     migrate.add_argument("dsn", metavar="DSN")
     migrate.add_argument("--schema", default="trioq")
+    migrate.add_argument(
+        "--fairness",
+        action="store_true",
+        help="also build the index fair claims read (otherwise the first node opened with fairness does)",
+    )
     return parser
 
 
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pg":
         from .pgcli import migrate_command
 
-        return migrate_command(args.dsn, args.schema)
+        return migrate_command(args.dsn, args.schema, fairness=args.fairness)
     if args.command == "demo":
         from .demo import demo
 
