@@ -293,7 +293,9 @@ def test_a_limit_holds_across_nodes_a_sigkill_and_a_database_restart(
     for _, change in events:
         holding += change
         peak = max(peak, holding)
-    assert peak <= 2, f"{peak} attempts held the pool key at once"
+    # On failure, the journal says which executions overlapped (a live node that lost its lease to
+    # a starved machine runs on while its job runs elsewhere: look for one job started twice).
+    assert peak <= 2, f"{peak} attempts held the pool key at once; journal: {lines}"
     assert peak == 2  # the limit was reached, not only approached
     counts = _executions(journal)
     assert set(counts) == set(ids)

@@ -19,6 +19,12 @@ w)``), so that two nodes claiming at once never lose a charge; they may both
 read the same tags and both pick the same tenant first, which skews one batch,
 not the shares over time.
 
+A claim that meets a job holding a limit key (on a node that declares limits) is decided by the limit
+path (``_limits.claim``) over :class:`FairPick`'s candidates: the same choice in fair order, each job
+considered (started or parked for a key) charging its tenant, as the table store charges a job it pops
+and passes over; the charges are written as the claim's last statement. The slots a key frees go to the
+parked jobs by these tags too (``_limits.unpark`` with the weights).
+
 The admission of deferred jobs (``_defer``) picks among the tenants of deferred
 jobs with :func:`take`, a simulation of the pops over rows fetched in rounds
 (exact, a few statements: admissions are rarer than claims), its tags under the
@@ -36,7 +42,7 @@ import attrs
 from ._sql import cursor as _cur
 from ._sql import run as _run
 
-__all__ = ["ADMISSION", "Group", "charge_params", "charge_sql", "claim", "take", "weight_of"]
+__all__ = ["ADMISSION", "FairPick", "Group", "charge_params", "charge_sql", "claim", "take", "weight_of"]
 
 #: The queue name the admission's tags are kept under.
 ADMISSION = ""
@@ -205,7 +211,7 @@ def claim(
     columns: str,
     live: str,
     pending_deadline: str,
-) -> tuple[list[Any], float | None, bool] | None:
+) -> tuple[list[Any] | None, float | None, bool]:
     """A fair claim of up to ``n`` jobs of ``queues`` (``None``: every queue), in one statement: the claimed
     rows (``columns``, in the order they should run), the next pending deadline if ``probe``, and whether
     it stopped short with jobs left (of a lower priority, or a tenant had fewer than its share).
@@ -223,8 +229,9 @@ def claim(
     time (the greatest start tag claimed). A tenant that had fewer than ``k`` free jobs gives fewer,
     and the batch comes back short: its shares are not made up within the batch.
 
-    ``None``: a job it would take holds a limit key (``keyed_aside``, the node declares limits); it
-    took nothing, and the caller claims by the limit path instead (in priority order, not fairly).
+    Rows ``None``: a job it would take holds a limit key (``keyed_aside``, the node declares limits); it
+    took nothing (the deadline is still read), and the caller claims by the limit path instead, with a
+    :class:`FairPick` (in fair order, charging every job it considers).
     """
     params: dict[str, Any] = {
         "now": now,
@@ -316,9 +323,147 @@ def claim(
         return [], None, False
     first = found[0]
     if first[-3]:
-        return None
+        return None, first[-1] if probe else None, False
     rows = [row for row in found if row[0] is not None]
     width = len(first) - 6  # the columns, then o1, o2, o3 (the order), keyed, more, deadline
     more = bool(first[-2]) and len(rows) < n
     next_deadline = first[-1] if probe and rows else None
     return [row[:width] for row in rows], next_deadline, more
+
+
+class FairPick:
+    """The candidates of a fair claim's limit path (:func:`._limits.claim`), in fair order, and the charges
+    of the jobs it considered.
+
+    A claim whose jobs hold limit keys decides its candidates one by one, as the table store's claim pops
+    its fair heads: a job a key refuses is parked, and its tenant was charged all the same (it was
+    considered). :meth:`pick` is :func:`claim`'s choice of the best ``m`` jobs (tags, merge, locks),
+    leaving out the jobs of ``%(exclude)s``, with the tags the candidates considered so far in this
+    transaction would have written (:meth:`consider`: kept here, not in ``fair_tags``), so that a later
+    batch of the same claim goes on from them; :meth:`write` writes them all as the claim ends, in one
+    statement that locks the tags' rows in ``(queue, tenant)`` order (no transaction holding a tag's row
+    ever waits for a key's lock: the row is the claim's last write).
+    """
+
+    #: What the limit path reads of :meth:`pick`'s CTEs: each candidate, in the order it is decided.
+    select = " SELECT r.id, r.limits, r.queue, r.tenant, r.tag, r.w FROM r ORDER BY r.mk, r.qpos, r.queue"
+
+    def __init__(
+        self, s: str, queues: Sequence[str] | None, weights: Mapping[str, float], now: float | None, live: str
+    ) -> None:
+        self._s = s
+        self._queues = None if queues is None else list(queues)
+        self.weights = dict(weights)
+        self._now = now
+        self._live = live
+        #: (queue, tenant) -> [jobs considered, greatest start tag, weight]
+        self._got: dict[tuple[str, str], list[float]] = {}
+        self._clock: dict[str, float] = {}  # queue -> the greatest start tag considered
+
+    def pick(self, m: int, exclude: bool, params: dict[str, Any]) -> str:
+        """The CTEs down to ``r`` (read by :attr:`select`): the best ``m`` claimable jobs in fair order,
+        locked, each with its queue, tenant, start tag and weight."""
+        s = self._s
+        keys = sorted(self._got)
+        params.update(
+            {
+                "fq": self._queues,
+                "fnow": self._now,
+                "wt": list(self.weights),
+                "ww": [float(w) for w in self.weights.values()],
+                "lq": [q for q, _ in keys],
+                "lt": [t for _, t in keys],
+                "lf": [self._got[k][1] + 1.0 / self._got[k][2] for k in keys],
+                "li": [self._got[k][0] / self._got[k][2] for k in keys],
+                "cq": list(self._clock),
+                "cv": list(self._clock.values()),
+            }
+        )
+        cond = (f" AND {self._live}" if self._now is not None else "") + (
+            " AND j.id <> ALL(%(exclude)s)" if exclude else ""
+        )
+        return (
+            f"WITH h AS MATERIALIZED (SELECT * FROM {s}.ready_heads(%(fq)s::text[], %(fnow)s::float8)"
+            "  AS h(queue, tenant, priority, run_at, seq)),"
+            " b AS (SELECT max(priority) AS p FROM h),"
+            # The first start tag: the shared tags as this claim's charges so far would leave them.
+            " g AS MATERIALIZED (SELECT h.queue, h.tenant, h.run_at, h.seq,"
+            "  CASE WHEN h.tenant = '' THEN 1.0 ELSE coalesce(wt.w, 1.0) END::float8 AS w,"
+            "  greatest(coalesce(fc.v, 0), coalesce(lc.v, 0), coalesce(ft.finish, 0) + coalesce(lo.inc, 0),"
+            "   coalesce(lo.f, 0))::float8 AS s0"
+            "  FROM h JOIN b ON h.priority = b.p"
+            "  LEFT JOIN unnest(%(wt)s::text[], %(ww)s::float8[]) AS wt(tenant, w) ON wt.tenant = h.tenant"
+            f"  LEFT JOIN {s}.fair_tags ft ON ft.queue = h.queue AND ft.tenant = h.tenant"
+            f"  LEFT JOIN {s}.fair_clock fc ON fc.queue = h.queue"
+            "  LEFT JOIN unnest(%(lq)s::text[], %(lt)s::text[], %(lf)s::float8[], %(li)s::float8[])"
+            "   AS lo(queue, tenant, f, inc) ON lo.queue = h.queue AND lo.tenant = h.tenant"
+            "  LEFT JOIN unnest(%(cq)s::text[], %(cv)s::float8[]) AS lc(queue, v) ON lc.queue = h.queue),"
+            " g2 AS (SELECT g.*, least("
+            f"{m}, ceil(2.0 * {m} * g.w / sum(g.w) OVER (PARTITION BY g.queue))::int + 2) AS l FROM g),"
+            " cnt AS (SELECT g2.*, x.c FROM g2 CROSS JOIN LATERAL (SELECT count(*) AS c FROM (SELECT 1"
+            f"  FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready' AND parked IS NULL AND epoch >= 0"
+            "   AND queue >= g2.queue AND queue <= g2.queue AND coalesce(tenant, '') >= g2.tenant"
+            f"   AND coalesce(tenant, '') <= g2.tenant AND priority = (SELECT p FROM b){cond}"
+            "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT g2.l) y) x),"
+            " sl AS (SELECT cnt.queue, cnt.tenant, cnt.s0 + i / cnt.w AS tag, cnt.run_at, cnt.seq FROM cnt"
+            "  CROSS JOIN LATERAL generate_series(0, cnt.c - 1) AS i),"
+            " k AS (SELECT m.queue, m.tenant, count(*) AS k FROM (SELECT sl.queue, sl.tenant,"
+            "  max(ARRAY[sl.run_at, sl.seq::float8]) OVER w AS mk, row_number() OVER w AS qpos FROM sl"
+            "  WINDOW w AS (PARTITION BY sl.queue ORDER BY sl.tag, sl.run_at, sl.seq ROWS UNBOUNDED PRECEDING)"
+            f"  ORDER BY mk, qpos, sl.queue LIMIT {m}) m GROUP BY m.queue, m.tenant),"
+            " c AS MATERIALIZED (SELECT x.id, x.limits, x.run_at, x.seq, k.queue, k.tenant FROM k CROSS JOIN LATERAL"
+            f"  (SELECT id, limits, run_at, seq FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready'"
+            "   AND parked IS NULL AND epoch >= 0 AND queue >= k.queue AND queue <= k.queue"
+            "   AND coalesce(tenant, '') >= k.tenant AND coalesce(tenant, '') <= k.tenant"
+            f"   AND priority = (SELECT p FROM b){cond} AND queue NOT IN (SELECT queue FROM {s}.paused)"
+            "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT k.k FOR UPDATE SKIP LOCKED) x),"
+            " r0 AS (SELECT c.*, g.w, g.s0 + (row_number() OVER (PARTITION BY c.queue, c.tenant"
+            "  ORDER BY c.run_at, c.seq) - 1) / g.w AS tag FROM c JOIN g ON g.queue = c.queue AND g.tenant = c.tenant),"
+            " r AS MATERIALIZED (SELECT r0.*, max(ARRAY[r0.run_at, r0.seq::float8]) OVER w AS mk,"
+            "  row_number() OVER w AS qpos FROM r0"
+            "  WINDOW w AS (PARTITION BY r0.queue ORDER BY r0.tag, r0.run_at, r0.seq ROWS UNBOUNDED PRECEDING))"
+        )
+
+    def consider(self, rows: Sequence[Any]) -> None:
+        """Charge the candidates (rows of :attr:`select`) the claim decided: started or parked."""
+        for row in rows:
+            queue, tenant, tag, w = row[2], row[3], float(row[4]), float(row[5])
+            got = self._got.get((queue, tenant))
+            if got is None:
+                self._got[(queue, tenant)] = [1.0, tag, w]
+            else:
+                got[0] += 1.0
+                got[1] = max(got[1], tag)
+            self._clock[queue] = max(self._clock.get(queue, tag), tag)
+
+    def write(self, cur: Any) -> None:
+        """Write the charges (as increments, as :func:`claim` writes its own), in the claim's transaction."""
+        if not self._got:
+            return
+        s = self._s
+        keys = sorted(self._got)
+        _run(
+            cur,
+            "WITH got AS (SELECT * FROM unnest(%(gq)s::text[], %(gt)s::text[], %(gn)s::float8[], %(gl)s::float8[],"
+            "  %(gw)s::float8[]) AS got(queue, tenant, n, last, w)),"
+            f" lk AS MATERIALIZED (SELECT f.queue, f.tenant, got.n, got.last, got.w FROM {s}.fair_tags f JOIN got"
+            "  ON f.queue = got.queue AND f.tenant = got.tenant ORDER BY f.queue, f.tenant FOR UPDATE OF f),"
+            f" tg AS (UPDATE {s}.fair_tags f SET finish = greatest(f.finish + lk.n / lk.w, lk.last + 1 / lk.w)"
+            "  FROM lk WHERE f.queue = lk.queue AND f.tenant = lk.tenant RETURNING f.queue, f.tenant),"
+            f" tgi AS (INSERT INTO {s}.fair_tags (queue, tenant, finish) SELECT got.queue, got.tenant,"
+            "  got.last + 1 / got.w FROM got"
+            "  WHERE NOT EXISTS (SELECT 1 FROM tg WHERE tg.queue = got.queue AND tg.tenant = got.tenant)"
+            "  ORDER BY got.queue, got.tenant"
+            "  ON CONFLICT (queue, tenant) DO UPDATE SET finish = greatest(excluded.finish, fair_tags.finish)),"
+            f" clk AS (INSERT INTO {s}.fair_clock (queue, v) SELECT got.queue, max(got.last) FROM got"
+            "  GROUP BY got.queue ORDER BY got.queue"
+            "  ON CONFLICT (queue) DO UPDATE SET v = greatest(fair_clock.v, excluded.v))"
+            " SELECT count(*) FROM lk",
+            {
+                "gq": [q for q, _ in keys],
+                "gt": [t for _, t in keys],
+                "gn": [self._got[k][0] for k in keys],
+                "gl": [self._got[k][1] for k in keys],
+                "gw": [self._got[k][2] for k in keys],
+            },
+        )

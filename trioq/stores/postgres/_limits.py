@@ -25,16 +25,21 @@ A job passed over is parked (``parked`` set): for a slot, until
 rate, until its token is due (``promote`` unparks it then). The claims' indexes
 leave parked jobs out, so a backlog blocked on one key is read once, not by
 every claim.
+
+With fairness (``StoreConfig.fairness``) a claim decides its candidates in
+fair order (``_fair.FairPick``) and an unpark lets the parked jobs go fairly
+among their tenants (see :func:`unpark`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ..._model import Job, Limit
+from ._fair import FairPick
 from ._rows import WIDTH, job_from_row
 from ._sql import cursor as _cur
 from ._sql import run as _run
@@ -48,6 +53,9 @@ MAX_KEYS = 64
 _UNBOUNDED = 1 << 62
 _EXTRA = 16  # candidates read past the claim's limit in the first batch: some will be passed over
 _MOST = 1000  # candidates read at most per batch
+#: The parked jobs of a key a fair unpark chooses among (the first in claim order): jobs_blocked has no
+#: tenant in it, so a tenant whose parked jobs all lie past these waits for the older ones to go.
+_FAIR_WINDOW = 1000
 
 
 def lock_id(s: str, key: str) -> int:
@@ -82,6 +90,7 @@ def claim(
     limit_of: Callable[[str], Limit | None],
     pick: Callable[[int, bool, dict[str, Any]], str],
     columns: str,
+    fair: FairPick | None = None,
 ) -> tuple[list[Job], float | None, bool]:
     """Claim up to ``n`` jobs in one transaction, passing over (parking) those a key refuses; ``(jobs claimed
     best first, when the first job parked for a rate is due or None, whether the claim stopped short
@@ -94,6 +103,13 @@ def claim(
     full key (fewer than ``max`` holders is room) parks a job for a slot; else a rate that admits no
     start parks it until the latest of its keys' tokens is due; else it starts, taking a slot of each
     key and a token of each rate.
+
+    ``fair``: the candidates are ``fair.pick``'s (``pick`` is not called), in fair order, as the table
+    store pops its fair heads: each one decided (started or parked) charges its tenant
+    (:meth:`FairPick.consider`), the next batch's order goes on from those charges, the tags are written
+    as the transaction ends, and the jobs come back in the order they were decided. A fair batch may be
+    short with candidates left (a tenant's share, the best priority's jobs all decided), so the
+    candidates are read until a batch is empty.
     """
     bound = bounding(limit_of)
     held: dict[str, int] = {}  # key -> attempts holding it (this claim's included), for each key decided
@@ -109,15 +125,20 @@ def claim(
     # for a slot of one of them, which then goes to the next job in line (unparked after the commit).
     passed: set[str] = set()
     m = n + _EXTRA
+    taken: list[str] = []  # the ids started, in the order decided
     with conn.transaction(), _cur(conn) as cur:
         while len(rows) < n:
             params: dict[str, Any] = {"now": now, "exclude": left}
-            _run(cur, pick(m, bool(left), params) + " SELECT id, limits FROM c", params)
-            batch: list[tuple[str, list[str]]] = cur.fetchall()
+            if fair is None:
+                _run(cur, pick(m, bool(left), params) + " SELECT id, limits FROM c", params)
+            else:
+                _run(cur, fair.pick(m, bool(left), params) + fair.select, params)
+            batch: list[Any] = cur.fetchall()
             # The keys to decide: lock the new ones, at most MAX_KEYS in all (the rest wait for a later claim).
             fresh: dict[str, int] = {}  # key -> its lock id, for each key this batch decides first
             usable = len(batch)
-            for i, (_, keys) in enumerate(batch):
+            for i, candidate in enumerate(batch):
+                keys = candidate[1]
                 new = {
                     k: lock_id(s, k) for k in keys if k not in fresh and _undecided(k, bound, held, tats, unlockable)
                 }
@@ -159,15 +180,19 @@ def claim(
             take: list[str] = []
             parked: list[tuple[str, float, str | None]] = []
             rated: set[str] = set()
-            for job_id, keys in batch[:usable]:
+            considered: list[Any] = []
+            for candidate in batch[:usable]:
+                job_id, keys = candidate[0], candidate[1]
                 if len(rows) + len(take) >= n:
                     break
                 if any(k in unlockable for k in keys):
                     left.append(job_id)
                     continue
+                considered.append(candidate)
                 verdict = _decide(keys, bound, held, tats, now)
                 if verdict is None:
                     take.append(job_id)
+                    taken.append(job_id)
                     for k in keys:
                         limit = bound(k)
                         if limit is None:
@@ -211,12 +236,20 @@ def claim(
                     ),
                 )
                 rows += cur.fetchall()
-            if more or len(batch) < m:
+            if fair is not None:
+                fair.consider(considered)
+            if more or (not batch if fair is not None else len(batch) < m):
                 break
             m = min(m * 2, _MOST)
-    if unpark(conn, s, passed, limit_of):
+        if fair is not None:
+            fair.write(cur)
+    if unpark(conn, s, passed, limit_of, None if fair is None else fair.weights):
         more = True  # jobs came back: the caller's node claims again (others hear at their next poll)
-    rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
+    if fair is None:
+        rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
+    else:
+        place = {job_id: i for i, job_id in enumerate(taken)}
+        rows.sort(key=lambda row: place[row[0]])
     return [job_from_row(row) for row in rows], due, more
 
 
@@ -282,11 +315,23 @@ def _decide(
     return None if due == -math.inf else (due, None)
 
 
-def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], Limit | None]) -> int:
+def unpark(
+    conn: Any,
+    s: str,
+    keys: Collection[str],
+    limit_of: Callable[[str], Limit | None],
+    fair: Mapping[str, float] | None = None,
+) -> int:
     """Slots of ``keys`` were freed (the transaction that freed them committed): under each key's lock, unpark
     as many of the jobs parked on it as it has free slots, best first, passing over jobs of paused queues
     (they could not take the slot; a resume unparks them); how many were unparked. Keys without a
-    ``max`` (none at all, too) send nothing."""
+    ``max`` (none at all, too) send nothing.
+
+    ``fair`` (the tenants' weights, ``StoreConfig.fairness``): best first is by priority, then fairly
+    among the tenants, as the table store lets its parked jobs go in the (fair) order they were parked:
+    among the key's first :data:`_FAIR_WINDOW` parked jobs, each tenant's ``i``-th gets the tag
+    ``max(V, F) + i / w`` from the shared tags (which the claims that parked them charged), and the
+    least tags go first (ties by claim order). Nothing is charged here: the claim that takes them is."""
     if not keys:  # the common call: an outcome of a job that held no key
         return 0
     bound = bounding(limit_of)
@@ -301,6 +346,11 @@ def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], L
                 (sorted({x for x, _ in chunk}),),
             )
             names = [k for _, k in chunk]
+            if fair is not None:
+                _run(cur, _fair_unpark(s), (names, names, [_limit(bound, k).max for k in names], list(fair),
+                                            [float(w) for w in fair.values()]))  # fmt: skip
+                total += int(cur.rowcount)
+                continue
             _run(
                 cur,
                 f"WITH r AS (SELECT h.key, u.mx - h.held AS room FROM {s}.limit_holders(%s) h"
@@ -315,7 +365,31 @@ def unpark(conn: Any, s: str, keys: Collection[str], limit_of: Callable[[str], L
     return total
 
 
-def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None]) -> int:
+def _fair_unpark(s: str) -> str:
+    """:func:`unpark`'s statement with ``fair``: the parameters are the keys, again, their ``max``, the
+    tenants and their weights."""
+    return (
+        f"WITH r AS (SELECT h.key, u.mx - h.held AS room FROM {s}.limit_holders(%s) h"
+        "  JOIN unnest(%s::text[], %s::bigint[]) AS u(key, mx) ON u.key = h.key),"
+        # The window of each key with room, locked as it is read (a job another transaction holds is skipped).
+        " x AS MATERIALIZED (SELECT r.key, r.room, y.* FROM r CROSS JOIN LATERAL (SELECT id, priority, queue,"
+        f"  coalesce(tenant, '') AS tenant, run_at, seq FROM {s}.jobs WHERE state = 'ready' AND parked_key = r.key"
+        f"  AND queue NOT IN (SELECT queue FROM {s}.paused) ORDER BY priority DESC, run_at, seq"
+        f"  LIMIT CASE WHEN r.room > 0 THEN {_FAIR_WINDOW} ELSE 0 END FOR UPDATE SKIP LOCKED) y),"
+        " o AS (SELECT x.*, greatest(coalesce(fc.v, 0), coalesce(ft.finish, 0)) + (row_number() OVER"
+        "  (PARTITION BY x.key, x.queue, x.tenant, x.priority ORDER BY x.run_at, x.seq) - 1)"
+        "  / (CASE WHEN x.tenant = '' THEN 1.0 ELSE coalesce(wt.w, 1.0) END)::float8 AS tag FROM x"
+        "  LEFT JOIN unnest(%s::text[], %s::float8[]) AS wt(tenant, w) ON wt.tenant = x.tenant"
+        f"  LEFT JOIN {s}.fair_tags ft ON ft.queue = x.queue AND ft.tenant = x.tenant"
+        f"  LEFT JOIN {s}.fair_clock fc ON fc.queue = x.queue),"
+        " z AS (SELECT o.id, o.room, row_number() OVER (PARTITION BY o.key ORDER BY o.priority DESC, o.tag,"
+        "  o.run_at, o.seq) AS pos FROM o)"
+        f" UPDATE {s}.jobs j SET parked = NULL, parked_key = NULL FROM z"
+        "  WHERE j.id = z.id AND z.pos <= z.room AND j.state = 'ready'"
+    )
+
+
+def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None], fair: Mapping[str, float] | None = None) -> int:
     """Unpark what a slot freed by a node that died before its :func:`unpark` owes (the leader's, with every
     rescue): every key some job waits on, walked by one probe each of ``jobs_blocked``; how many."""
     with _cur(conn) as cur:
@@ -328,4 +402,4 @@ def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None]) -> int:
             " SELECT key FROM k WHERE key IS NOT NULL",
         )
         keys = [row[0] for row in cur.fetchall()]
-    return unpark(conn, s, keys, limit_of)
+    return unpark(conn, s, keys, limit_of, fair)

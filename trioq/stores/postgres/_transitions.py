@@ -356,7 +356,9 @@ def claim(
     ``fair``: the tenants' weights (``StoreConfig.fairness``): the claim is
     :func:`._fair.claim`'s (start-time fair queueing over shared tags),
     unless a job it would take holds a limit key on a node that declares
-    limits, when it claims as without ``fair``.
+    limits, when the limit path (:func:`._limits.claim`) decides the
+    candidates in fair order (:class:`._fair.FairPick`), charging every job
+    it considers, started or parked, as the table store does.
     """
     with _cur(conn) as cur:
         if recover:
@@ -379,9 +381,16 @@ def claim(
                 keyed_aside=limit_of is not no_limits, columns=_qualified("j"), live=_LIVE,
                 pending_deadline=_PENDING_DEADLINE,
             )  # fmt: skip
-            if got is not None:
-                fair_rows, fair_deadline, more = got
+            fair_rows, fair_deadline, more = got
+            if fair_rows is not None:
                 return Claimed([job_from_row(row) for row in fair_rows], fair_deadline, more=more)
+            # A job it would take holds a limit key: the limit path decides the candidates in fair order.
+            jobs, unpark_at, more = _limits.claim(
+                conn, s, node, n, token, time.time() if now is None else now, limit_of,
+                lambda m, exclude, p: "", _qualified("j"),
+                fair=_fair.FairPick(s, queues, fair, now, _LIVE),
+            )  # fmt: skip
+            return Claimed(jobs, fair_deadline if jobs else None, unpark_at, more)
         params: dict[str, Any] = {"now": now, "node": node, "token": token}
         pick = _pick(s, n, queues, walk, now is not None, params)
         if limit_of is no_limits:

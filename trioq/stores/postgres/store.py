@@ -293,7 +293,7 @@ class PostgresStore:
                 finally:
                     with trio.CancelScope(shield=True):
                         try:
-                            released = await self._call(_release_node, config.node, config.limits)
+                            released = await self._call(_release_node, config.node, config.limits, config.fairness)
                             if released:
                                 self._pending_ready += released
                                 await self._send_notifications()
@@ -631,7 +631,7 @@ class PostgresStore:
             if claimed.next_deadline is not None and claimed.next_deadline <= now:
                 # Deadlines this node had not heard of (another node's jobs) have come: the claim left those
                 # jobs, and they are cancelled now rather than at the next promote.
-                late = _expire(conn, schema, now, channel, me, watched, config.limits)
+                late = _expire(conn, schema, now, channel, me, watched, config.limits, config.fairness)
             return claimed
 
         def claim(conn: Any, schema: str) -> sql.Claimed:
@@ -709,8 +709,9 @@ class PostgresStore:
             named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
         states, snapshots, scheduled, unparked = await self._call(
-            _complete, usable, now, self.channel, config.node, config.watched, config.limits, retried=True
-        )
+            _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
+            retried=True,
+        )  # fmt: skip
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY) + unparked
@@ -724,7 +725,7 @@ class PostgresStore:
 
     async def rescue(self) -> int:
         config = self._open()
-        rescued, unparked = await self._call(_rescue, config.clock(), config.limits)
+        rescued, unparked = await self._call(_rescue, config.clock(), config.limits, config.fairness)
         if rescued + unparked:
             config.on_ready(rescued + unparked)
             self._announce(rescued + unparked)
@@ -838,7 +839,7 @@ class PostgresStore:
             return False
         if config.limits is not no_limits:
             # Jobs of the queue parked on keys were not let go while it was paused (unpark skips them).
-            unparked = await self._call(_limits.repair, config.limits)
+            unparked = await self._call(_limits.repair, config.limits, config.fairness)
             if unparked:
                 self._announce(unparked)
             wake += unparked
@@ -887,6 +888,7 @@ def _complete(
     node: str,
     watched: Any,
     limit_of: Callable[[str], Limit | None],
+    fair: Mapping[str, float] | None = None,
     *,
     retried: bool = False,
 ) -> tuple[list[JobState | None], list[Job], list[float], int]:
@@ -895,7 +897,7 @@ def _complete(
     and how many jobs parked on the limit keys of the attempts that ended were let go."""
     freed: set[str] = set()
     states, finished, scheduled = sql.complete(conn, schema, outcomes, now, channel, node, retried=retried, freed=freed)
-    unparked = _limits.unpark(conn, schema, freed, limit_of)
+    unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
     return states, snapshots, scheduled, unparked
@@ -925,24 +927,28 @@ def _cancel(
         with conn.transaction():
             result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
             admitted = _defer.admit(conn, schema, defer, now, fair)
-    return result, running, _limits.unpark(conn, schema, freed, limit_of), admitted
+    return result, running, _limits.unpark(conn, schema, freed, limit_of, fair), admitted
 
 
-def _rescue(conn: Any, schema: str, now: float, limit_of: Callable[[str], Limit | None]) -> tuple[int, int]:
+def _rescue(
+    conn: Any, schema: str, now: float, limit_of: Callable[[str], Limit | None], fair: Mapping[str, float] | None = None
+) -> tuple[int, int]:
     """``rescue`` in one worker thread: ``(jobs rescued, jobs parked on a key that were let go)``; the
     unparking owed for every key jobs wait on is checked too (:func:`_limits.repair`: a node that died
     between an outcome and its unpark)."""
     freed: set[str] = set()
     rescued = sql.rescue(conn, schema, now, freed=freed)
-    unparked = _limits.unpark(conn, schema, freed, limit_of)
-    return rescued, unparked + _limits.repair(conn, schema, limit_of)
+    unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
+    return rescued, unparked + _limits.repair(conn, schema, limit_of, fair)
 
 
-def _release_node(conn: Any, schema: str, node: str, limit_of: Callable[[str], Limit | None]) -> int:
+def _release_node(
+    conn: Any, schema: str, node: str, limit_of: Callable[[str], Limit | None], fair: Mapping[str, float] | None = None
+) -> int:
     """``release_node`` in one worker thread: the jobs released plus those parked on their keys let go."""
     freed: set[str] = set()
     released = sql.release_node(conn, schema, node, freed=freed)
-    return released + _limits.unpark(conn, schema, freed, limit_of)
+    return released + _limits.unpark(conn, schema, freed, limit_of, fair)
 
 
 def _promote(
@@ -969,19 +975,26 @@ def _promote(
         with conn.transaction():
             done = sql.promote(conn, schema, now, channel, node, freed=freed)
             admitted = _defer.admit(conn, schema, defer, now, fair)
-    if unparked := _limits.unpark(conn, schema, freed, limit_of):
+    if unparked := _limits.unpark(conn, schema, freed, limit_of, fair):
         done = attrs.evolve(done, unparked=done.unparked + unparked)
     return done, _watched_snapshots(conn, schema, done.expired, watched), admitted
 
 
 def _expire(
-    conn: Any, schema: str, now: float, channel: str, node: str, watched: Any, limit_of: Callable[[str], Limit | None]
+    conn: Any,
+    schema: str,
+    now: float,
+    channel: str,
+    node: str,
+    watched: Any,
+    limit_of: Callable[[str], Limit | None],
+    fair: Mapping[str, float] | None = None,
 ) -> list[Job]:
     """``expire`` in one worker thread: the terminal snapshots of the watched jobs it cancelled (their keys
     unparked, as in :func:`_promote`)."""
     freed: set[str] = set()
     expired = sql.expire(conn, schema, now, channel, node, freed=freed)
-    _limits.unpark(conn, schema, freed, limit_of)
+    _limits.unpark(conn, schema, freed, limit_of, fair)
     return _watched_snapshots(conn, schema, expired, watched)
 
 
