@@ -196,6 +196,50 @@ def charge_params(groups: Sequence[Group], clock: Mapping[str, float], queues: S
     }
 
 
+def _batch(s: str, n: int, cond: str) -> str:
+    """The CTEs ``g2`` to ``r`` of a fair claim's statement, after ``h``, ``b`` and ``g`` (each tenant at the
+    best priority, its weight ``w`` and first start tag ``s0``): how many of the first ``n`` jobs each tenant
+    gets, those jobs locked (``c``, ``FOR UPDATE SKIP LOCKED``), and each one's start tag and place in the
+    merge of the queues (``r``). ``cond``: more conditions on the jobs, each starting with `` AND``."""
+    return (
+        # How many jobs of that priority each tenant has, counted (index entries only, no lock) up to twice
+        # its weighted share of the batch within its queue, plus 2, at most n: the tenants' first tags lie
+        # within 1/w of the queue's virtual time, so that covers its share and others running out.
+        " g2 AS (SELECT g.*, least("
+        f"{n}, ceil(2.0 * {n} * g.w / sum(g.w) OVER (PARTITION BY g.queue))::int + 2) AS l FROM g),"
+        " cnt AS (SELECT g2.*, x.c FROM g2 CROSS JOIN LATERAL (SELECT count(*) AS c FROM (SELECT 1"
+        f"  FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready' AND parked IS NULL AND epoch >= 0"
+        "   AND queue >= g2.queue AND queue <= g2.queue AND coalesce(tenant, '') >= g2.tenant"
+        f"   AND coalesce(tenant, '') <= g2.tenant AND priority = (SELECT p FROM b){cond}"
+        "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT g2.l) y) x),"
+        # Each tenant's start tags, one per job it has: S, S + 1/w, ... Within a queue they go by tag, then
+        # head; the queues' sequences are merged as the table store merges them, by the claim order of each
+        # queue's next job: a greedy merge, which is an order by the running maximum of the places along
+        # each sequence. The merge's first n: how many jobs each tenant gets.
+        " sl AS (SELECT cnt.queue, cnt.tenant, cnt.s0 + i / cnt.w AS tag, cnt.run_at, cnt.seq FROM cnt"
+        "  CROSS JOIN LATERAL generate_series(0, cnt.c - 1) AS i),"
+        " k AS (SELECT m.queue, m.tenant, count(*) AS k FROM (SELECT sl.queue, sl.tenant,"
+        "  max(ARRAY[sl.run_at, sl.seq::float8]) OVER w AS mk, row_number() OVER w AS qpos FROM sl"
+        "  WINDOW w AS (PARTITION BY sl.queue ORDER BY sl.tag, sl.run_at, sl.seq ROWS UNBOUNDED PRECEDING)"
+        f"  ORDER BY mk, qpos, sl.queue LIMIT {n}) m GROUP BY m.queue, m.tenant),"
+        # Each tenant's first k jobs, locked as they are read (a job another claim holds is skipped, and
+        # the next one taken), by a range of jobs_tenant_ready.
+        " c AS MATERIALIZED (SELECT x.id, x.limits, x.run_at, x.seq, k.queue, k.tenant FROM k CROSS JOIN LATERAL"
+        f"  (SELECT id, limits, run_at, seq FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready'"
+        "   AND parked IS NULL AND epoch >= 0 AND queue >= k.queue AND queue <= k.queue"
+        "   AND coalesce(tenant, '') >= k.tenant AND coalesce(tenant, '') <= k.tenant"
+        f"   AND priority = (SELECT p FROM b){cond} AND queue NOT IN (SELECT queue FROM {s}.paused)"
+        "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT k.k FOR UPDATE SKIP LOCKED) x),"
+        # Each job's start tag (its tenant's first, plus 1/w for each of the tenant's jobs before it) and its
+        # place in the merge of the queues, as above but by the jobs' own claim order.
+        " r0 AS (SELECT c.*, g.w, g.s0 + (row_number() OVER (PARTITION BY c.queue, c.tenant"
+        "  ORDER BY c.run_at, c.seq) - 1) / g.w AS tag FROM c JOIN g ON g.queue = c.queue AND g.tenant = c.tenant),"
+        " r AS MATERIALIZED (SELECT r0.*, max(ARRAY[r0.run_at, r0.seq::float8]) OVER w AS mk,"
+        "  row_number() OVER w AS qpos FROM r0"
+        "  WINDOW w AS (PARTITION BY r0.queue ORDER BY r0.tag, r0.run_at, r0.seq ROWS UNBOUNDED PRECEDING))"
+    )
+
+
 def claim(
     conn: Any,
     s: str,
@@ -245,77 +289,49 @@ def claim(
     keyed = "EXISTS (SELECT 1 FROM r WHERE r.limits <> '{}')" if keyed_aside else "false"
     deadline = f", (SELECT min(deadline) FROM {s}.jobs WHERE {pending_deadline})" if probe else ", NULL::float8"
     statement = (
-        # Each (queue, tenant) with ready jobs and its head: its first live job in claim order.
-        f"WITH h AS MATERIALIZED (SELECT * FROM {s}.ready_heads(%(queues)s::text[], %(now)s::float8)"
-        "  AS h(queue, tenant, priority, run_at, seq)),"
-        " b AS (SELECT max(priority) AS p FROM h),"
-        # The tenants at the best priority, each with its weight and first start tag.
-        " g AS MATERIALIZED (SELECT h.queue, h.tenant, h.run_at, h.seq,"
-        "  CASE WHEN h.tenant = '' THEN 1.0 ELSE coalesce(wt.w, 1.0) END::float8 AS w,"
-        "  greatest(coalesce(fc.v, 0), coalesce(ft.finish, 0))::float8 AS s0"
-        "  FROM h JOIN b ON h.priority = b.p"
-        "  LEFT JOIN unnest(%(wt)s::text[], %(ww)s::float8[]) AS wt(tenant, w) ON wt.tenant = h.tenant"
-        f"  LEFT JOIN {s}.fair_tags ft ON ft.queue = h.queue AND ft.tenant = h.tenant"
-        f"  LEFT JOIN {s}.fair_clock fc ON fc.queue = h.queue),"
-        # How many jobs of that priority each tenant has, counted (index entries only, no lock) up to twice
-        # its weighted share of the batch within its queue, plus 2, at most n: the tenants' first tags lie
-        # within 1/w of the queue's virtual time, so that covers its share and others running out.
-        " g2 AS (SELECT g.*, least("
-        f"{n}, ceil(2.0 * {n} * g.w / sum(g.w) OVER (PARTITION BY g.queue))::int + 2) AS l FROM g),"
-        " cnt AS (SELECT g2.*, x.c FROM g2 CROSS JOIN LATERAL (SELECT count(*) AS c FROM (SELECT 1"
-        f"  FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready' AND parked IS NULL AND epoch >= 0"
-        "   AND queue >= g2.queue AND queue <= g2.queue AND coalesce(tenant, '') >= g2.tenant"
-        f"   AND coalesce(tenant, '') <= g2.tenant AND priority = (SELECT p FROM b){cond}"
-        "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT g2.l) y) x),"
-        # Each tenant's start tags, one per job it has: S, S + 1/w, ... Within a queue they go by tag, then
-        # head; the queues' sequences are merged as the table store merges them, by the claim order of each
-        # queue's next job: a greedy merge, which is an order by the running maximum of the places along
-        # each sequence. The merge's first n: how many jobs each tenant gets.
-        " sl AS (SELECT cnt.queue, cnt.tenant, cnt.s0 + i / cnt.w AS tag, cnt.run_at, cnt.seq FROM cnt"
-        "  CROSS JOIN LATERAL generate_series(0, cnt.c - 1) AS i),"
-        " k AS (SELECT m.queue, m.tenant, count(*) AS k FROM (SELECT sl.queue, sl.tenant,"
-        "  max(ARRAY[sl.run_at, sl.seq::float8]) OVER w AS mk, row_number() OVER w AS qpos FROM sl"
-        "  WINDOW w AS (PARTITION BY sl.queue ORDER BY sl.tag, sl.run_at, sl.seq ROWS UNBOUNDED PRECEDING)"
-        f"  ORDER BY mk, qpos, sl.queue LIMIT {n}) m GROUP BY m.queue, m.tenant),"
-        # Each tenant's first k jobs, locked as they are read (a job another claim holds is skipped, and
-        # the next one taken), by a range of jobs_tenant_ready.
-        " c AS MATERIALIZED (SELECT x.id, x.limits, x.run_at, x.seq, k.queue, k.tenant FROM k CROSS JOIN LATERAL"
-        f"  (SELECT id, limits, run_at, seq FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready'"
-        "   AND parked IS NULL AND epoch >= 0 AND queue >= k.queue AND queue <= k.queue"
-        "   AND coalesce(tenant, '') >= k.tenant AND coalesce(tenant, '') <= k.tenant"
-        f"   AND priority = (SELECT p FROM b){cond} AND queue NOT IN (SELECT queue FROM {s}.paused)"
-        "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT k.k FOR UPDATE SKIP LOCKED) x),"
-        # Each job's start tag (its tenant's first, plus 1/w for each of the tenant's jobs before it) and its
-        # place in the merge of the queues, as above but by the jobs' own claim order.
-        " r0 AS (SELECT c.*, g.w, g.s0 + (row_number() OVER (PARTITION BY c.queue, c.tenant"
-        "  ORDER BY c.run_at, c.seq) - 1) / g.w AS tag FROM c JOIN g ON g.queue = c.queue AND g.tenant = c.tenant),"
-        " r AS MATERIALIZED (SELECT r0.*, max(ARRAY[r0.run_at, r0.seq::float8]) OVER w AS mk,"
-        "  row_number() OVER w AS qpos FROM r0"
-        "  WINDOW w AS (PARTITION BY r0.queue ORDER BY r0.tag, r0.run_at, r0.seq ROWS UNBOUNDED PRECEDING)),"
-        f" kd AS (SELECT {keyed} AS keyed),"
-        f" u AS (UPDATE {s}.jobs j SET state = 'running', epoch = j.epoch + 1, node = %(node)s, claim = %(token)s"
-        f"  FROM r WHERE j.id = r.id AND NOT (SELECT keyed FROM kd) RETURNING {columns}, r.mk AS o1, r.qpos AS o2,"
-        "  r.queue AS o3),"
-        " got AS MATERIALIZED (SELECT r.queue, r.tenant, count(*) AS n, max(r.tag) AS last, min(r.w) AS w FROM r"
-        "  WHERE NOT (SELECT keyed FROM kd) GROUP BY r.queue, r.tenant),"
-        # The tags' rows are locked in (queue, tenant) order before any is written, so that two claims
-        # writing the same tenants cannot wait for each other in a cycle.
-        f" lk AS MATERIALIZED (SELECT f.queue, f.tenant, got.n, got.last, got.w FROM {s}.fair_tags f JOIN got"
-        "  ON f.queue = got.queue AND f.tenant = got.tenant ORDER BY f.queue, f.tenant FOR UPDATE OF f),"
-        f" tg AS (UPDATE {s}.fair_tags f SET finish = greatest(f.finish + lk.n / lk.w, lk.last + 1 / lk.w)"
-        "  FROM lk WHERE f.queue = lk.queue AND f.tenant = lk.tenant RETURNING f.queue, f.tenant),"
-        f" tgi AS (INSERT INTO {s}.fair_tags (queue, tenant, finish) SELECT got.queue, got.tenant,"
-        "  got.last + 1 / got.w FROM got"
-        "  WHERE NOT EXISTS (SELECT 1 FROM tg WHERE tg.queue = got.queue AND tg.tenant = got.tenant)"
-        "  ORDER BY got.queue, got.tenant"
-        "  ON CONFLICT (queue, tenant) DO UPDATE SET finish = greatest(excluded.finish, fair_tags.finish)),"
-        f" clk AS (INSERT INTO {s}.fair_clock (queue, v) SELECT got.queue, max(got.last) FROM got GROUP BY got.queue"
-        "  ORDER BY got.queue ON CONFLICT (queue) DO UPDATE SET v = greatest(fair_clock.v, excluded.v))"
-        " SELECT u.*, kd.keyed, (SELECT count(*) FROM h) > (SELECT count(*) FROM g) OR"
-        f"  (SELECT count(*) FROM c) < {n} AND ((SELECT count(*) FROM c) < (SELECT coalesce(sum(k.k), 0) FROM k)"
-        "  OR EXISTS (SELECT 1 FROM cnt WHERE cnt.c >= cnt.l))"
-        f"{deadline}"
-        " FROM kd LEFT JOIN u ON true ORDER BY u.o1, u.o2, u.o3"
+        (
+            # Each (queue, tenant) with ready jobs and its head: its first live job in claim order.
+            f"WITH h AS MATERIALIZED (SELECT * FROM {s}.ready_heads(%(queues)s::text[], %(now)s::float8)"
+            "  AS h(queue, tenant, priority, run_at, seq)),"
+            " b AS (SELECT max(priority) AS p FROM h),"
+            # The tenants at the best priority, each with its weight and first start tag.
+            " g AS MATERIALIZED (SELECT h.queue, h.tenant, h.run_at, h.seq,"
+            "  CASE WHEN h.tenant = '' THEN 1.0 ELSE coalesce(wt.w, 1.0) END::float8 AS w,"
+            "  greatest(coalesce(fc.v, 0), coalesce(ft.finish, 0))::float8 AS s0"
+            "  FROM h JOIN b ON h.priority = b.p"
+            "  LEFT JOIN unnest(%(wt)s::text[], %(ww)s::float8[]) AS wt(tenant, w) ON wt.tenant = h.tenant"
+            f"  LEFT JOIN {s}.fair_tags ft ON ft.queue = h.queue AND ft.tenant = h.tenant"
+            f"  LEFT JOIN {s}.fair_clock fc ON fc.queue = h.queue),"
+        )
+        + _batch(s, n, cond)
+        + (
+            ","
+            f" kd AS (SELECT {keyed} AS keyed),"
+            f" u AS (UPDATE {s}.jobs j SET state = 'running', epoch = j.epoch + 1, node = %(node)s, claim = %(token)s"
+            f"  FROM r WHERE j.id = r.id AND NOT (SELECT keyed FROM kd) RETURNING {columns}, r.mk AS o1, r.qpos AS o2,"
+            "  r.queue AS o3),"
+            " got AS MATERIALIZED (SELECT r.queue, r.tenant, count(*) AS n, max(r.tag) AS last, min(r.w) AS w FROM r"
+            "  WHERE NOT (SELECT keyed FROM kd) GROUP BY r.queue, r.tenant),"
+            # The tags' rows are locked in (queue, tenant) order before any is written, so that two claims
+            # writing the same tenants cannot wait for each other in a cycle.
+            f" lk AS MATERIALIZED (SELECT f.queue, f.tenant, got.n, got.last, got.w FROM {s}.fair_tags f JOIN got"
+            "  ON f.queue = got.queue AND f.tenant = got.tenant ORDER BY f.queue, f.tenant FOR UPDATE OF f),"
+            f" tg AS (UPDATE {s}.fair_tags f SET finish = greatest(f.finish + lk.n / lk.w, lk.last + 1 / lk.w)"
+            "  FROM lk WHERE f.queue = lk.queue AND f.tenant = lk.tenant RETURNING f.queue, f.tenant),"
+            f" tgi AS (INSERT INTO {s}.fair_tags (queue, tenant, finish) SELECT got.queue, got.tenant,"
+            "  got.last + 1 / got.w FROM got"
+            "  WHERE NOT EXISTS (SELECT 1 FROM tg WHERE tg.queue = got.queue AND tg.tenant = got.tenant)"
+            "  ORDER BY got.queue, got.tenant"
+            "  ON CONFLICT (queue, tenant) DO UPDATE SET finish = greatest(excluded.finish, fair_tags.finish)),"
+            f" clk AS (INSERT INTO {s}.fair_clock (queue, v) SELECT got.queue, max(got.last) FROM got"
+            " GROUP BY got.queue"
+            "  ORDER BY got.queue ON CONFLICT (queue) DO UPDATE SET v = greatest(fair_clock.v, excluded.v))"
+            " SELECT u.*, kd.keyed, (SELECT count(*) FROM h) > (SELECT count(*) FROM g) OR"
+            f"  (SELECT count(*) FROM c) < {n} AND ((SELECT count(*) FROM c) < (SELECT coalesce(sum(k.k), 0) FROM k)"
+            "  OR EXISTS (SELECT 1 FROM cnt WHERE cnt.c >= cnt.l))"
+            f"{deadline}"
+            " FROM kd LEFT JOIN u ON true ORDER BY u.o1, u.o2, u.o3"
+        )
     )
     with _cur(conn) as cur:
         found = _run(cur, statement, params).fetchall()
@@ -398,31 +414,7 @@ class FairPick:
             "  LEFT JOIN unnest(%(lq)s::text[], %(lt)s::text[], %(lf)s::float8[], %(li)s::float8[])"
             "   AS lo(queue, tenant, f, inc) ON lo.queue = h.queue AND lo.tenant = h.tenant"
             "  LEFT JOIN unnest(%(cq)s::text[], %(cv)s::float8[]) AS lc(queue, v) ON lc.queue = h.queue),"
-            " g2 AS (SELECT g.*, least("
-            f"{m}, ceil(2.0 * {m} * g.w / sum(g.w) OVER (PARTITION BY g.queue))::int + 2) AS l FROM g),"
-            " cnt AS (SELECT g2.*, x.c FROM g2 CROSS JOIN LATERAL (SELECT count(*) AS c FROM (SELECT 1"
-            f"  FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready' AND parked IS NULL AND epoch >= 0"
-            "   AND queue >= g2.queue AND queue <= g2.queue AND coalesce(tenant, '') >= g2.tenant"
-            f"   AND coalesce(tenant, '') <= g2.tenant AND priority = (SELECT p FROM b){cond}"
-            "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT g2.l) y) x),"
-            " sl AS (SELECT cnt.queue, cnt.tenant, cnt.s0 + i / cnt.w AS tag, cnt.run_at, cnt.seq FROM cnt"
-            "  CROSS JOIN LATERAL generate_series(0, cnt.c - 1) AS i),"
-            " k AS (SELECT m.queue, m.tenant, count(*) AS k FROM (SELECT sl.queue, sl.tenant,"
-            "  max(ARRAY[sl.run_at, sl.seq::float8]) OVER w AS mk, row_number() OVER w AS qpos FROM sl"
-            "  WINDOW w AS (PARTITION BY sl.queue ORDER BY sl.tag, sl.run_at, sl.seq ROWS UNBOUNDED PRECEDING)"
-            f"  ORDER BY mk, qpos, sl.queue LIMIT {m}) m GROUP BY m.queue, m.tenant),"
-            " c AS MATERIALIZED (SELECT x.id, x.limits, x.run_at, x.seq, k.queue, k.tenant FROM k CROSS JOIN LATERAL"
-            f"  (SELECT id, limits, run_at, seq FROM {s}.jobs j WHERE state >= 'ready' AND state <= 'ready'"
-            "   AND parked IS NULL AND epoch >= 0 AND queue >= k.queue AND queue <= k.queue"
-            "   AND coalesce(tenant, '') >= k.tenant AND coalesce(tenant, '') <= k.tenant"
-            f"   AND priority = (SELECT p FROM b){cond} AND queue NOT IN (SELECT queue FROM {s}.paused)"
-            "   ORDER BY queue, coalesce(tenant, ''), priority DESC, run_at, seq LIMIT k.k FOR UPDATE SKIP LOCKED) x),"
-            " r0 AS (SELECT c.*, g.w, g.s0 + (row_number() OVER (PARTITION BY c.queue, c.tenant"
-            "  ORDER BY c.run_at, c.seq) - 1) / g.w AS tag FROM c JOIN g ON g.queue = c.queue AND g.tenant = c.tenant),"
-            " r AS MATERIALIZED (SELECT r0.*, max(ARRAY[r0.run_at, r0.seq::float8]) OVER w AS mk,"
-            "  row_number() OVER w AS qpos FROM r0"
-            "  WINDOW w AS (PARTITION BY r0.queue ORDER BY r0.tag, r0.run_at, r0.seq ROWS UNBOUNDED PRECEDING))"
-        )
+        ) + _batch(s, m, cond)
 
     def consider(self, rows: Sequence[Any]) -> None:
         """Charge the candidates (rows of :attr:`select`) the claim decided: started or parked."""
