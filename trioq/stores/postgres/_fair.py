@@ -196,6 +196,28 @@ def charge_params(groups: Sequence[Group], clock: Mapping[str, float], queues: S
     }
 
 
+def _charge_got(s: str) -> str:
+    """CTEs ``lk``, ``tg``, ``tgi`` and ``clk``: the charges of a CTE ``got (queue, tenant, n, last, w)``
+    (jobs taken per tenant, the greatest start tag taken, the weight) written as increments, each tenant's
+    finish tag to ``greatest(F + n/w, last + 1/w)`` and each queue's virtual time to at least ``last``. The
+    tags' rows are locked in (queue, tenant) order before any is written, so that two claims writing the
+    same tenants cannot wait for each other in a cycle. Ends without a comma."""
+    return (
+        f" lk AS MATERIALIZED (SELECT f.queue, f.tenant, got.n, got.last, got.w FROM {s}.fair_tags f JOIN got"
+        "  ON f.queue = got.queue AND f.tenant = got.tenant ORDER BY f.queue, f.tenant FOR UPDATE OF f),"
+        f" tg AS (UPDATE {s}.fair_tags f SET finish = greatest(f.finish + lk.n / lk.w, lk.last + 1 / lk.w)"
+        "  FROM lk WHERE f.queue = lk.queue AND f.tenant = lk.tenant RETURNING f.queue, f.tenant),"
+        f" tgi AS (INSERT INTO {s}.fair_tags (queue, tenant, finish) SELECT got.queue, got.tenant,"
+        "  got.last + 1 / got.w FROM got"
+        "  WHERE NOT EXISTS (SELECT 1 FROM tg WHERE tg.queue = got.queue AND tg.tenant = got.tenant)"
+        "  ORDER BY got.queue, got.tenant"
+        "  ON CONFLICT (queue, tenant) DO UPDATE SET finish = greatest(excluded.finish, fair_tags.finish)),"
+        f" clk AS (INSERT INTO {s}.fair_clock (queue, v) SELECT got.queue, max(got.last) FROM got"
+        "  GROUP BY got.queue ORDER BY got.queue"
+        "  ON CONFLICT (queue) DO UPDATE SET v = greatest(fair_clock.v, excluded.v))"
+    )
+
+
 def _batch(s: str, n: int, cond: str) -> str:
     """The CTEs ``g2`` to ``r`` of a fair claim's statement, after ``h``, ``b`` and ``g`` (each tenant at the
     best priority, its weight ``w`` and first start tag ``s0``): how many of the first ``n`` jobs each tenant
@@ -312,20 +334,9 @@ def claim(
             "  r.queue AS o3),"
             " got AS MATERIALIZED (SELECT r.queue, r.tenant, count(*) AS n, max(r.tag) AS last, min(r.w) AS w FROM r"
             "  WHERE NOT (SELECT keyed FROM kd) GROUP BY r.queue, r.tenant),"
-            # The tags' rows are locked in (queue, tenant) order before any is written, so that two claims
-            # writing the same tenants cannot wait for each other in a cycle.
-            f" lk AS MATERIALIZED (SELECT f.queue, f.tenant, got.n, got.last, got.w FROM {s}.fair_tags f JOIN got"
-            "  ON f.queue = got.queue AND f.tenant = got.tenant ORDER BY f.queue, f.tenant FOR UPDATE OF f),"
-            f" tg AS (UPDATE {s}.fair_tags f SET finish = greatest(f.finish + lk.n / lk.w, lk.last + 1 / lk.w)"
-            "  FROM lk WHERE f.queue = lk.queue AND f.tenant = lk.tenant RETURNING f.queue, f.tenant),"
-            f" tgi AS (INSERT INTO {s}.fair_tags (queue, tenant, finish) SELECT got.queue, got.tenant,"
-            "  got.last + 1 / got.w FROM got"
-            "  WHERE NOT EXISTS (SELECT 1 FROM tg WHERE tg.queue = got.queue AND tg.tenant = got.tenant)"
-            "  ORDER BY got.queue, got.tenant"
-            "  ON CONFLICT (queue, tenant) DO UPDATE SET finish = greatest(excluded.finish, fair_tags.finish)),"
-            f" clk AS (INSERT INTO {s}.fair_clock (queue, v) SELECT got.queue, max(got.last) FROM got"
-            " GROUP BY got.queue"
-            "  ORDER BY got.queue ON CONFLICT (queue) DO UPDATE SET v = greatest(fair_clock.v, excluded.v))"
+        )
+        + _charge_got(s)
+        + (
             " SELECT u.*, kd.keyed, (SELECT count(*) FROM h) > (SELECT count(*) FROM g) OR"
             f"  (SELECT count(*) FROM c) < {n} AND ((SELECT count(*) FROM c) < (SELECT coalesce(sum(k.k), 0) FROM k)"
             "  OR EXISTS (SELECT 1 FROM cnt WHERE cnt.c >= cnt.l))"
@@ -437,20 +448,7 @@ class FairPick:
         _run(
             cur,
             "WITH got AS (SELECT * FROM unnest(%(gq)s::text[], %(gt)s::text[], %(gn)s::float8[], %(gl)s::float8[],"
-            "  %(gw)s::float8[]) AS got(queue, tenant, n, last, w)),"
-            f" lk AS MATERIALIZED (SELECT f.queue, f.tenant, got.n, got.last, got.w FROM {s}.fair_tags f JOIN got"
-            "  ON f.queue = got.queue AND f.tenant = got.tenant ORDER BY f.queue, f.tenant FOR UPDATE OF f),"
-            f" tg AS (UPDATE {s}.fair_tags f SET finish = greatest(f.finish + lk.n / lk.w, lk.last + 1 / lk.w)"
-            "  FROM lk WHERE f.queue = lk.queue AND f.tenant = lk.tenant RETURNING f.queue, f.tenant),"
-            f" tgi AS (INSERT INTO {s}.fair_tags (queue, tenant, finish) SELECT got.queue, got.tenant,"
-            "  got.last + 1 / got.w FROM got"
-            "  WHERE NOT EXISTS (SELECT 1 FROM tg WHERE tg.queue = got.queue AND tg.tenant = got.tenant)"
-            "  ORDER BY got.queue, got.tenant"
-            "  ON CONFLICT (queue, tenant) DO UPDATE SET finish = greatest(excluded.finish, fair_tags.finish)),"
-            f" clk AS (INSERT INTO {s}.fair_clock (queue, v) SELECT got.queue, max(got.last) FROM got"
-            "  GROUP BY got.queue ORDER BY got.queue"
-            "  ON CONFLICT (queue) DO UPDATE SET v = greatest(fair_clock.v, excluded.v))"
-            " SELECT count(*) FROM lk",
+            "  %(gw)s::float8[]) AS got(queue, tenant, n, last, w))," + _charge_got(s) + " SELECT count(*) FROM lk",
             {
                 "gq": [q for q, _ in keys],
                 "gt": [t for _, t in keys],
