@@ -29,8 +29,8 @@ for the next claim or promote (each node's promote runs every
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 
@@ -58,6 +58,22 @@ class Admitted:
 
     def __bool__(self) -> bool:
         return bool(self.ready or self.scheduled)
+
+
+T = TypeVar("T")
+
+
+def admitting(
+    conn: Any, s: str, bound: int | None, now: float, weights: Mapping[str, float] | None, step: Callable[[], T]
+) -> tuple[T, Admitted]:
+    """``step()`` (a transition that may make room: a claim, a cancel, an expiry), then the admission of
+    deferred jobs into that room (:func:`admit`), both in one transaction; ``bound=None`` (no
+    ``defer_past``): ``step()`` alone, as it always ran, admitting nothing."""
+    if bound is None:
+        return step(), Admitted()
+    with conn.transaction():
+        done = step()
+        return done, admit(conn, s, bound, now, weights)
 
 
 def _probe(s: str) -> str:

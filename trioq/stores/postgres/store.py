@@ -641,11 +641,8 @@ class PostgresStore:
                 promoted = _promote(conn, schema, now, channel, me, watched, config.limits, defer, fair)
                 walk = queues is None and bool(promoted[0].paused)
                 probe = promoted[0].next_deadline is not None
-            if defer is None:
-                return claim_jobs(conn, schema)
-            with conn.transaction():  # the room the claim makes is filled in its own transaction
-                claimed = claim_jobs(conn, schema)
-                admitted = _defer.admit(conn, schema, defer, now, fair)
+            # The room the claim makes is filled in its own transaction.
+            claimed, admitted = _defer.admitting(conn, schema, defer, now, fair, lambda: claim_jobs(conn, schema))
             return claimed
 
         claim.__name__ = "claim"
@@ -920,13 +917,10 @@ def _cancel(
     stopped (how many); with ``defer``, the admission of deferred jobs into the room it made, in its own
     transaction."""
     freed: set[str] = set()
-    admitted = _defer.Admitted()
-    if defer is None:
-        result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
-    else:
-        with conn.transaction():
-            result, running = sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed)
-            admitted = _defer.admit(conn, schema, defer, now, fair)
+    (result, running), admitted = _defer.admitting(
+        conn, schema, defer, now, fair,
+        lambda: sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed),
+    )  # fmt: skip
     return result, running, _limits.unpark(conn, schema, freed, limit_of, fair), admitted
 
 
@@ -968,13 +962,9 @@ def _promote(
     admitted into the room, in the same transaction as the expiry that made it (and whatever room
     concurrency left)."""
     freed: set[str] = set()
-    admitted = _defer.Admitted()
-    if defer is None:
-        done = sql.promote(conn, schema, now, channel, node, freed=freed)
-    else:
-        with conn.transaction():
-            done = sql.promote(conn, schema, now, channel, node, freed=freed)
-            admitted = _defer.admit(conn, schema, defer, now, fair)
+    done, admitted = _defer.admitting(
+        conn, schema, defer, now, fair, lambda: sql.promote(conn, schema, now, channel, node, freed=freed)
+    )
     if unparked := _limits.unpark(conn, schema, freed, limit_of, fair):
         done = attrs.evolve(done, unparked=done.unparked + unparked)
     return done, _watched_snapshots(conn, schema, done.expired, watched), admitted
