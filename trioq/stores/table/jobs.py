@@ -1260,10 +1260,13 @@ def _row(e: Entry) -> tuple[Any, ...]:
     return (*row, *trailing_fields(e))
 
 
-def trailing_fields(e: Entry) -> tuple[Any, ...]:
+def trailing_fields(e: Entry, *, add: bool = False) -> tuple[Any, ...]:
     """The fields a WAL ADD and ENTRY record end with, ``queue, tenant, limits, after, deadline``, as far as
     the last one not at its default (``()`` for a job of the default queue with none of them): a field
-    added and not used costs the log nothing."""
+    added and not used costs the log nothing. With ``add``, a deferred job's ADD goes on to ``metadata,
+    deferred`` (``None, True``); ENTRY has no such field, its state says it."""
+    if add and e.state is _DEFERRED:
+        return (e.queue, e.tenant, e.limits, (), e.deadline, None, True)
     if e.deadline is not None:
         return (e.queue, e.tenant, e.limits, (), e.deadline)
     if e.limits:

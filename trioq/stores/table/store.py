@@ -48,8 +48,8 @@ from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload, traili
 
 __all__ = [
     "ADD",
-    "CANCEL",
     "ADMIT",
+    "CANCEL",
     "CLAIM",
     "DROP",
     "EXPIRE",
@@ -293,10 +293,14 @@ class TableStore:
                 fields: tuple[Any, ...] = (
                     job_id, j.task, raw_payload(blob), j.priority, j.key, j.max_attempts, run_at, now,
                 )  # fmt: skip
-                if entry.state is JobState.DEFERRED:  # every trailing field, then the flag
-                    fields = (*fields, queue, tenant, j.limits, (), deadline, None, True)
-                elif deadline is not None or j.limits or tenant is not None or queue != DEFAULT_QUEUE:
-                    fields = (*fields, *trailing_fields(entry))
+                if (
+                    deadline is not None
+                    or j.limits
+                    or tenant is not None
+                    or queue != DEFAULT_QUEUE
+                    or entry.state is JobState.DEFERRED
+                ):
+                    fields = (*fields, *trailing_fields(entry, add=True))
                 entry.logged = record(ADD, fields)
             job = entry.snapshot(j.payload)
             if job.state is JobState.READY:
