@@ -500,7 +500,7 @@ async def test_job_snapshot_fields_and_to_dict(autojump_clock: trio.testing.Mock
     assert set(data) == {
         "id", "task", "payload", "state", "attempts", "epoch", "priority", "key",
         "max_attempts", "run_at", "created_at", "finished_at", "result", "error", "errors",
-        "queue", "tenant", "deadline", "limits",
+        "queue", "tenant", "deadline", "limits", "after",
     }  # fmt: skip
     assert data["errors"] == []
     assert (data["queue"], data["tenant"], data["deadline"]) == ("default", None, None)
@@ -589,6 +589,7 @@ def test_job_state_is_a_str_enum() -> None:
         "dead",
         "cancelled",
         "deferred",
+        "waiting",
     ]
     assert {s for s in JobState if s.terminal} == {JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED}
 

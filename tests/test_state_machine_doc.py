@@ -50,7 +50,7 @@ NOT_TRANSITIONS = frozenset(
         "by_key", "count", "counts", "entries", "entry", "export", "get", "needs_clock", "holds",
         "holds_key", "jobs", "logged", "next_run_at", "next_deadline", "next_due", "pending", "running",
         "peek",  # promotes due jobs (as promote does), then only looks
-        "clear", "restore",
+        "clear", "restore", "restored",
         # A queue's pause is no job's transition: claims skip its jobs, which stay as they are.
         "pause", "resume", "paused", "ready_in",
         # The order claims take among ready jobs, not a move of any job.
@@ -190,7 +190,12 @@ def put(table: JobTable, state: JobState) -> Entry:
     run_at = LATER if state is JobState.SCHEDULED else SETUP
     if state is JobState.DEFERRED:
         table.defer_past = 0  # past any bound: deferred; and then no admission behind the test's back
-    table.add("j", "t", {"n": 1}, 0, "key-j", 3, run_at, SETUP)
+    if state is JobState.WAITING:  # a parent still running (no claim or promote moves it)
+        table.add("p", "t", {}, 0, None, 3, SETUP, SETUP)
+        table.claim("p")
+        table.add_packed("j", "t", msgspec.msgpack.encode({"n": 1}), 0, "key-j", 3, run_at, SETUP, after=("p",))
+    else:
+        table.add("j", "t", {"n": 1}, 0, "key-j", 3, run_at, SETUP)
     table.defer_past = None
     entry = table.entry("j")
     if state is JobState.RUNNING or state in (JobState.SUCCEEDED, JobState.DEAD):
@@ -221,6 +226,11 @@ def _add_past_bound(packed: bool) -> Call:
         return table.add("j", "t", {"n": 1}, 0, "key-j", 3, NOW, NOW)
 
     return call
+
+
+def _add_child(table: JobTable, _: Entry) -> object:
+    table.add("p", "t", {}, 0, None, 3, LATER, NOW)
+    return table.add_packed("j", "t", b"", 0, None, 3, NOW, NOW, after=("p",))
 
 
 def _admit_due(table: JobTable, _: Entry) -> object:
@@ -313,6 +323,7 @@ SCENARIOS: dict[tuple[str, str], Scenario] = {
     ("add_packed", RUN_AT_FUTURE): Scenario((_add_packed(LATER),)),
     ("add", "past the admission bound"): Scenario((_add_past_bound(False),)),
     ("add_packed", "past the admission bound"): Scenario((_add_past_bound(True),)),
+    ("add_packed", "a parent in `after` has not succeeded"): Scenario((_add_child,)),
     ("admit", RUN_AT_DUE): Scenario((lambda table, _: table.admit("j", NOW),)),
     ("admit", RUN_AT_FUTURE): Scenario((lambda table, _: table.admit("j", NOW),), prepare=_run_later),
     ("admit_due", "fewer than `defer_past` jobs are ready or scheduled"): Scenario((_admit_due,)),

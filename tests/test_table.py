@@ -853,6 +853,7 @@ def test_counts_track_every_transition() -> None:
         "dead": 0,
         "cancelled": 0,
         "deferred": 0,
+        "waiting": 0,
     }
     table.evict(6.0)
     assert table.counts()["succeeded"] == 0

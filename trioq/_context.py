@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Attempt", "JobContext"]
 
+_NO_PARENTS: dict[str, Any] = {}
+
 
 class Attempt:
     """One run of one job by one worker, and the deadline that bounds it.
@@ -29,7 +31,10 @@ class Attempt:
     :meth:`JobContext.heartbeat`, which hops to trio).
     """
 
-    __slots__ = ("deadline", "ended", "heartbeat_timeout", "in_handler", "job", "scope", "task", "timeout_at", "worker")
+    __slots__ = (
+        "deadline", "ended", "heartbeat_timeout", "in_handler", "job", "parents", "scope", "task", "timeout_at",
+        "worker",
+    )  # fmt: skip
 
     def __init__(
         self, job: Job, task: TaskDef, heartbeat_timeout: float | None, scope: trio.CancelScope, worker: Any = None
@@ -51,6 +56,8 @@ class Attempt:
         #: Set once the attempt's outcome is decided (by its worker, the watcher, or a cancel).
         self.ended = False
         self.in_handler = False
+        #: ``{parent_id: result}`` of the job's parents, read before the handler runs.
+        self.parents: dict[str, Any] = _NO_PARENTS
 
     def set_deadline(self, deadline: float) -> None:
         """Move the deadline (and the scope's, while the handler runs)."""
@@ -93,7 +100,8 @@ class JobContext:
     number). ``ctx.heartbeat()`` tells the queue the attempt is alive, pushing
     its heartbeat deadline out; it is safe to call from a thread handler and
     returns ``False`` once the attempt has ended (hung, timed out, cancelled),
-    which a long thread handler can take as its cue to stop.
+    which a long thread handler can take as its cue to stop. ``ctx.parents``
+    is ``{parent_id: result}`` for the job's parents (``{}`` without any).
     """
 
     __slots__ = ("_attempt", "_token", "_trio_thread", "job")
@@ -115,6 +123,13 @@ class JobContext:
     def attempt(self) -> int:
         """This attempt's 1-based number."""
         return self.job.attempts + 1
+
+    @property
+    def parents(self) -> dict[str, Any]:
+        """``{parent_id: result}`` of each parent in ``job.after``, in that order (a fresh dict per
+        attempt: changing it changes nothing stored). A parent evicted before the job ran (its
+        retention shorter than the flow) is missing from it, and the queue logs a warning."""
+        return self._attempt.parents
 
     def heartbeat(self) -> bool:
         """Say the attempt is alive; ``False`` if it already ended (stop working then)."""

@@ -142,6 +142,9 @@ class JobState(enum.StrEnum):
     #: Enqueued past ``open_queue(max_ready=N, overflow="defer")``: kept, not claimable, admitted
     #: (to ``READY`` or ``SCHEDULED``) oldest first as the ready and scheduled jobs drop below ``N``.
     DEFERRED = "deferred"
+    #: Enqueued with ``after=`` parents not all succeeded yet: kept, not claimable; ready (or
+    #: scheduled) once the last parent succeeds, cancelled once any parent ends dead or cancelled.
+    WAITING = "waiting"
 
     @property
     def terminal(self) -> bool:
@@ -284,6 +287,7 @@ class JobSpec:
     tenant: str | None = None
     deadline: float | None = None
     limits: Sequence[str] = ()
+    after: Sequence[str | int] = ()
 
 
 @attrs.frozen
@@ -301,7 +305,8 @@ class Job:
     named another); ``tenant`` whom it runs for (``None``: nobody named);
     ``deadline`` the wall-clock time by which it must have started, else it
     is cancelled (``None``: no deadline); ``limits`` the limit keys it holds
-    while it runs (its task's, filled from its payload, and its enqueue's).
+    while it runs (its task's, filled from its payload, and its enqueue's);
+    ``after`` the ids of the parents it waits for (``WAITING`` until they all succeed).
     """
 
     id: str
@@ -323,6 +328,7 @@ class Job:
     tenant: str | None = None
     deadline: float | None = None
     limits: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The job as a JSON-ready dict (``state`` as its string value)."""
@@ -330,6 +336,7 @@ class Job:
         data["state"] = self.state.value
         data["errors"] = [attrs.asdict(e) for e in self.errors]
         data["limits"] = list(self.limits)
+        data["after"] = list(self.after)
         return data
 
 

@@ -169,9 +169,15 @@ def _schemas() -> dict[str, Any]:
             "tenant",
             "deadline",
             "limits",
+            "after",
         ],
         "additionalProperties": False,
         "properties": {
+            "after": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Ids of the parent jobs it waits for (waiting until they all succeed).",
+            },
             "id": {"type": "string"},
             "task": {"type": "string"},
             "payload": {"type": "object"},
@@ -311,6 +317,11 @@ def _schemas() -> dict[str, Any]:
             "additionalProperties": False,
             "properties": {
                 "jobs": _counts(_STATES, "Jobs in each state now."),
+                "cron": {
+                    "type": "array",
+                    "description": "Each cron schedule: its name, schedule, task, time zone, next run and last tick.",
+                    "items": {"type": "object"},
+                },
                 "totals": _counts(_TOTALS, "Counters since the queue opened."),
                 "workers": _counts(_WORKERS, "This node's workers, across its pools."),
                 "limits": {

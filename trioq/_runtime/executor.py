@@ -20,16 +20,16 @@ import math
 import random
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
 
 from .._context import Attempt, JobContext
-from .._model import Backoff, InvalidJob, Job, NoRetry, Snooze, error_text
+from .._model import Backoff, InvalidJob, Job, JobNotFound, JobState, NoRetry, Snooze, error_text
 from .._registry import Registry, TaskDef
 from .._validate import number
-from ..stores._base import Failed, Outcome, Snoozed, Succeeded
+from ..stores._base import Failed, Outcome, Snoozed, Store, Succeeded
 from .exits import SignalHandlers, attempt_failure, failure_text, leaves
 from .runners import ProcessRunner, ThreadRunner
 from .totals import Totals
@@ -62,6 +62,8 @@ class Executor:
         self._signals = SignalHandlers()  # the signal handlers seen since the pool started (see exits)
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
+        #: Reads ``{parent_id: result}`` of the given parents (the pool sets it, from its store).
+        self.read_parents: Callable[[tuple[str, ...]], Awaitable[dict[str, Any]]] = _no_parents
         self.attempts: dict[str, Attempt] = {}
         self.lingering: set[Attempt] = set()
         self.cancelled_claims: set[tuple[str, int]] = set()
@@ -104,6 +106,8 @@ class Executor:
             self.on_deadline(attempt.deadline)
         attempt.in_handler = True
         try:
+            if job.after:  # inside the attempt: a store that cannot answer fails it, to be retried
+                attempt.parents = await self.read_parents(job.after)
             result = await self.invoke(worker, job, task, attempt)
         except BaseException as exc:
             # In a method of its own: a local here holding the exception
@@ -220,6 +224,36 @@ class Executor:
         if self.lingering:
             return [*self.attempts.values(), *self.lingering]
         return list(self.attempts.values())
+
+
+async def _no_parents(ids: tuple[str, ...]) -> dict[str, Any]:
+    return {}
+
+
+async def read_parents(store: Store, ids: Sequence[str]) -> dict[str, Any]:
+    """``{parent_id: result}`` of the succeeded parents ``ids`` in ``store``, in that order: through
+    the store's ``results(ids)`` if it offers one (one round trip), else a ``get`` per parent. A
+    parent the store no longer holds (evicted before its child ran) is left out, with a warning."""
+    results = getattr(store, "results", None)
+    if results is not None:
+        found: dict[str, Any] = await results(ids)
+    else:
+        found = {}
+        for parent_id in ids:
+            try:
+                parent = await store.get(parent_id)
+            except JobNotFound:
+                continue
+            if parent.state is JobState.SUCCEEDED:
+                found[parent_id] = parent.result
+    if len(found) < len(ids):
+        gone = [p for p in ids if p not in found]
+        _log.warning(
+            "parents %s are gone from the store (evicted: a retention shorter than the flow); ctx.parents "
+            "lacks their results",
+            ", ".join(gone),
+        )
+    return {p: found[p] for p in ids if p in found}
 
 
 def _ignore(deadline: float) -> None:

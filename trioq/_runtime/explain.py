@@ -24,10 +24,13 @@ def reasons(
     usage: Mapping[str, tuple[int, int, float | None]],
     limit_of: Callable[[str], Limit | None],
     idle: int | None,
+    parents: Mapping[str, JobState | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Each reason ``job`` is not running now, most decisive first, as ``{"kind", "message", ...}``.
 
-    Kinds: ``running``, ``finished`` (terminal), ``deferred`` (enqueued past ``max_ready``, waiting
+    Kinds: ``running``, ``finished`` (terminal), ``waiting`` (for parents that have not
+    succeeded: ``parents``, their ids and states, from ``parents``, the states of the job's parents
+    as read, ``None`` for one gone), ``deferred`` (enqueued past ``max_ready``, waiting
     for admission), ``scheduled`` (``run_at`` ahead), ``paused`` (its
     named queue), ``limit`` (a key's slots all held: ``key``, ``in_use``, ``cap``), ``rate`` (a
     key's rate has no token now: ``key``, ``due_in`` seconds), ``no_workers`` (``idle is None``:
@@ -41,6 +44,18 @@ def reasons(
     if state.terminal:
         return [{"kind": "finished", "message": f"finished: {state.value}"}]
     out: list[dict[str, Any]] = []
+    if state is JobState.WAITING:
+        unmet = {p: s.value for p, s in (parents or {}).items() if s is not None and s is not JobState.SUCCEEDED}
+        shown = ", ".join(f"{p} ({s})" for p, s in list(unmet.items())[:5]) + (" ..." if len(unmet) > 5 else "")
+        out.append(
+            {
+                "kind": "waiting",
+                "message": f"waiting for {len(unmet)} parent(s) to succeed: {shown}"
+                if unmet
+                else "waiting for parents",
+                "parents": unmet,
+            }
+        )
     if state is JobState.DEFERRED:
         out.append(
             {

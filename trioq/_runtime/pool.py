@@ -11,6 +11,7 @@ than a whole no-op job.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from time import perf_counter
@@ -23,7 +24,7 @@ from .._model import Job, JobState, error_text
 from .._registry import Registry, TaskDef
 from ..stores._base import Failed, Outcome, Released, Snoozed, Store, Succeeded
 from .completer import Completer
-from .executor import Executor
+from .executor import Executor, read_parents
 from .exits import without_cancelled
 from .logs import debug_enabled, log_started
 from .producer import Producer
@@ -90,6 +91,7 @@ class WorkerPool:
         self._on_outcome = on_outcome
         self.producer = Producer(store, node=node, lease=lease, poll_interval=poll_interval, queues=queues)
         self.executor = Executor(registry=registry, heartbeat_timeout=heartbeat_timeout, processes=size, totals=totals)
+        self.executor.read_parents = functools.partial(read_parents, store)
         self.completer = Completer(
             store, totals=totals, node=node, lease=lease, on_outcome=on_outcome, on_lost=self._lost
         )

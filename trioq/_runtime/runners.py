@@ -97,6 +97,8 @@ class ProcessJobContext:
     job: Job
     board_path: str | None = None
     slot: int = 0
+    #: ``{parent_id: result}`` of the job's parents (see ``JobContext.parents``).
+    parents: dict[str, Any] = attrs.field(factory=dict)
 
     @property
     def attempt(self) -> int:
@@ -168,14 +170,14 @@ class ProcessRunner:
         import trio_parallel
 
         if attempt.heartbeat_timeout is None:
-            pctx = ProcessJobContext(attempt.job)
+            pctx = ProcessJobContext(attempt.job, parents=attempt.parents)
             return await trio_parallel.run_sync(
                 _invoke, fn, pctx, payload, kill_on_cancel=True, limiter=self._unbounded
             )
         if self._board is None:
             self._board = HeartbeatBoard(self._slots)
         board = self._board
-        pctx = ProcessJobContext(attempt.job, board.path, slot)
+        pctx = ProcessJobContext(attempt.job, board.path, slot, attempt.parents)
         # Starting a worker process can take longer than a heartbeat period;
         # the heartbeat clock starts with the child's first beat (sent by
         # _invoke before the handler runs), within PROCESS_START_ALLOWANCE.

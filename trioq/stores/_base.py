@@ -51,6 +51,34 @@ class NewJob(msgspec.Struct, frozen=True, gc=False):
     start, else the store cancels it (``None``: never). ``limits``: the
     concrete limit keys it holds while it runs (each resolves through
     ``StoreConfig.limits``).
+
+    ``after``: its parents, each a job id the store holds or an ``int``, the
+    index of an earlier job of the same :meth:`Store.add` call (the runtime
+    checks that ``0 <= i <`` the job's own index; an earlier job that an
+    idempotency key resolved to an existing job stands for that job). The
+    flow rules every store keeps:
+
+    - A parent id the store does not hold (never added, or evicted) is
+      :class:`~trioq.InvalidJob` (``field="after"``), inserting none of the batch.
+    - A job whose parents all succeeded already is added as if it had none.
+      One with a parent that is dead or cancelled is added ``CANCELLED`` at
+      once, its error ``"ParentFailed: parent <id> is dead"`` (or
+      ``cancelled``). Otherwise it is ``WAITING``: kept, keyed, counted,
+      cancellable, its deadline running, never claimed, and not counted as
+      pending by ``max_pending`` or ``StoreConfig.defer_past``.
+    - When a waiting job's last unsucceeded parent succeeds, it goes ``READY``
+      (``SCHEDULED`` while its ``run_at``, enqueue time plus ``delay``, is
+      still ahead) inside that transition, never deferred; ``on_ready`` /
+      ``on_scheduled`` hear of it.
+    - When a parent ends dead or cancelled (a failure, a cancel, an expiry, a
+      cascade), each of its waiting children is cancelled in that transition,
+      its error naming the parent as above, and so on down the flow.
+    - :meth:`Store.retry` of such a parent makes each job cancelled because of
+      it wait again (or, if another of its parents is dead or cancelled, stay
+      cancelled, now because of that one), and so on down the flow. A retry
+      of a job whose parent is dead or cancelled is refused
+      (``InvalidJob``, ``field="after"``, naming the parent); a retried job
+      whose parents have not all succeeded waits for them.
     """
 
     task: str
@@ -63,6 +91,7 @@ class NewJob(msgspec.Struct, frozen=True, gc=False):
     tenant: str | None = None
     deadline: float | None = None
     limits: tuple[str, ...] = ()
+    after: tuple[str | int, ...] = ()
 
 
 @attrs.frozen
@@ -256,7 +285,7 @@ class Store(Protocol):
     # checked protocol): ``lease`` (float seconds), the lease the runtime claims and extends with
     # instead of its default 30 s; ``leading() -> bool``, whether this session is the one node
     # that runs store-wide upkeep now (rescue and eviction; without it, every session does);
-    # ``async has_pending() -> bool``, whether any job is ready, scheduled, running or deferred, when the
+    # ``async has_pending() -> bool``, whether any job is ready, scheduled, running, deferred or waiting, when the
     # store answers that cheaper than :meth:`counts` (``join()`` asks it).
 
     def session(self, config: StoreConfig) -> AbstractAsyncContextManager[None]:
@@ -374,4 +403,29 @@ class Store(Protocol):
 
         For checks and listings, not hot paths: a store may scan to answer.
         """
+        ...
+
+    async def add_tick(self, name: str, tick: float, job: NewJob | None) -> Job | None:
+        """Enqueue ``job`` for cron schedule ``name``'s tick at wall time ``tick``, unless this store
+        already recorded a tick at or after ``tick`` for ``name``; returns the job, or ``None`` when
+        the tick was taken already (nothing changes then).
+
+        Recording ``tick`` as ``name``'s last and inserting the job happen atomically, and are
+        durable like :meth:`add` when this returns: however many nodes (or leaders, one after
+        another) call it for one tick, one job is enqueued. The job carries its tick's idempotency
+        key (``"cron:<name>:<tick>"``); should a job hold that key already, the tick counts as
+        taken (``None``, the mark recorded). The job is never refused for ``max_pending`` (a
+        refused tick would be lost); ``StoreConfig.defer_past`` applies as to any add.
+
+        ``job=None`` records a baseline: ``tick`` becomes ``name``'s mark only if the store has
+        none for it (the first session that knows a schedule records when it opened, so that
+        no tick before it runs), and nothing is enqueued; returns ``None``. Marks only move
+        forward, and outlive sessions as jobs do. Raises :class:`~trioq.InvalidJob` for a
+        ``name`` that is not a label, a ``tick`` that is not a finite number, or a job the
+        store cannot hold (recording nothing).
+        """
+        ...
+
+    async def ticks(self) -> dict[str, float]:
+        """The last tick recorded (or the baseline) for each cron schedule name, wall-clock seconds."""
         ...

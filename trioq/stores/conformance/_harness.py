@@ -203,8 +203,10 @@ class Harness:
         tenant: str | None = None,
         deadline: float | None = None,
         limits: Sequence[str] = (),
+        after: Sequence[str | int] = (),
     ) -> NewJob:
-        """A :class:`NewJob` due ``delay`` seconds from the store's now (the fake clock's)."""
+        """A :class:`NewJob` due ``delay`` seconds from the store's now (the fake clock's), waiting for
+        the parents ``after`` (ids, or indexes of earlier jobs of the same ``add``)."""
         return NewJob(
             task=task,
             payload={} if payload is None else payload,
@@ -216,6 +218,7 @@ class Harness:
             tenant=tenant,
             deadline=None if deadline is None else float(deadline),
             limits=tuple(limits),
+            after=tuple(after),
         )
 
     def request(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -214,15 +214,31 @@ class StoreMachine(RuleBasedStateMachine):
         assert plan.delay is not None
         return Snoozed(job_id, epoch, plan.delay)
 
-    def add_jobs(self, specs: list[tuple[float, str | None, int, int]], max_pending: int | None) -> list[str]:
-        """Add a job for each spec (``QueueFull`` expected where the model says so); the ids answered."""
+    def add_jobs(
+        self,
+        specs: list[tuple[float, str | None, int, int]],
+        max_pending: int | None,
+        parents: Sequence[Sequence[str | int]] = (),
+    ) -> list[str]:
+        """Add a job for each spec, the ``i``-th waiting for ``parents[i]`` (``QueueFull`` or, for a
+        parent the store does not hold, ``InvalidJob`` expected where the model says so); the ids answered."""
         new = []
-        for delay, key, priority, max_attempts in specs:
+        for i, (delay, key, priority, max_attempts) in enumerate(specs):
             self.made += 1
             payload = {"n": self.made}
+            after = parents[i] if i < len(parents) else ()
             new.append(
-                self.harness.job(payload=payload, delay=delay, key=key, priority=priority, max_attempts=max_attempts)
+                self.harness.job(
+                    payload=payload, delay=delay, key=key, priority=priority, max_attempts=max_attempts, after=after
+                )
             )
+        if self.model.unknown_parent(new):
+            try:
+                self.call(self.store().add, new, max_pending=max_pending)
+            except InvalidJob as exc:
+                assert exc.field is not None and exc.field.endswith("after"), f"add raised {exc!r}"
+                return []
+            raise AssertionError(f"add naming a parent the store does not hold was accepted: {new}")
         if self.model.would_refuse(new, max_pending):
             try:
                 self.call(self.store().add, new, max_pending=max_pending)
@@ -270,6 +286,26 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(target=jobs, specs=st.lists(_SPEC, min_size=1, max_size=4), max_pending=st.sampled_from([None, 3, 8]))
     def add(self, specs: list[tuple[float, str | None, int, int]], max_pending: int | None) -> MultipleResults[str]:
         return multiple(*self.add_jobs(specs, max_pending))
+
+    @precondition(lambda self: self.model.max_retained > 1000)  # see Reference._finish
+    @rule(
+        target=jobs,
+        named=st.lists(jobs, min_size=1, max_size=2),
+        specs=st.lists(st.tuples(_SPEC, st.lists(st.integers(0, 2), max_size=2)), min_size=1, max_size=3),
+        max_pending=st.sampled_from([None, 3]),
+    )
+    def add_flow(
+        self,
+        named: list[str],
+        specs: list[tuple[tuple[float, str | None, int, int], list[int]]],
+        max_pending: int | None,
+    ) -> MultipleResults[str]:
+        """Add jobs with parents: each waits for the ``named`` jobs (any state, evicted ones too), and
+        each after the first for the job before it and the earlier jobs of the batch its indexes name."""
+        parents: list[list[str | int]] = [
+            [*named, *dict.fromkeys(k for k in (i - 1, *indexes) if 0 <= k < i)] for i, (_, indexes) in enumerate(specs)
+        ]
+        return multiple(*self.add_jobs([spec for spec, _ in specs], max_pending, parents))
 
     @rule(target=claims, limit=st.integers(0, 4), node=_NODE)
     def claim(self, limit: int, node: int) -> MultipleResults[tuple[str, int, str]]:
@@ -325,15 +361,16 @@ class StoreMachine(RuleBasedStateMachine):
         if model is None:
             self.not_found(self.store(node).retry, job)
             return
-        if self.model.retry(job, self.harness.clock.now):
+        refused = self.model.retry(job, self.harness.clock.now)
+        if refused is None:
             self.agree(model.problems(self.call(self.store(node).retry, job)))
             return
         try:
             self.call(self.store(node).retry, job)
         except InvalidJob as exc:
-            assert exc.field == "state", f"retry of a {model.state.value} job raised {exc!r}"
+            assert exc.field == refused, f"retry of a {model.state.value} job raised {exc!r}, not for {refused!r}"
         else:
-            raise AssertionError(f"retry of a {model.state.value} job was accepted")
+            raise AssertionError(f"retry of a {model.state.value} job was accepted (refused for {refused!r})")
 
     @rule(seconds=st.sampled_from([1.0, 10.0, 61.0]), evict=st.booleans(), node=_NODE)
     def advance(self, seconds: float, evict: bool, node: int) -> None:

@@ -20,6 +20,7 @@ from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded
 __all__ = ["ModelAttempt", "ModelJob", "Reference", "Text"]
 
 _R, _S, _RUN = JobState.READY, JobState.SCHEDULED, JobState.RUNNING
+_W, _DEAD, _CANCELLED = JobState.WAITING, JobState.DEAD, JobState.CANCELLED
 
 
 @attrs.frozen
@@ -74,6 +75,9 @@ class ModelJob:
     snoozes: int = 0
     #: The node whose claim runs the job.
     node: str | None = None
+    #: Its parents' ids, and the parent whose death or cancel cancelled it.
+    after: tuple[str, ...] = ()
+    cancelled_by: str | None = None
 
     def problems(self, job: Job) -> list[str]:
         """How the store's snapshot ``job`` differs from the model (nothing: ``[]``); adopts a grown epoch."""
@@ -94,6 +98,7 @@ class ModelJob:
         differs("run_at", self.run_at, job.run_at)
         differs("finished_at", self.finished_at, job.finished_at)
         differs("result", self.result, job.result)
+        differs("after", self.after, job.after)
         if self.error is None:
             differs("error", None, job.error)
         elif not self.error.matches(job.error):
@@ -138,15 +143,48 @@ class Reference:
         """Whether ``add(specs, max_pending=...)`` must raise ``QueueFull``."""
         if max_pending is None:
             return False
-        new_keys = {spec.key for spec in specs if spec.key is not None and spec.key not in self.keys}
-        fresh = len(new_keys) + sum(1 for spec in specs if spec.key is None)
+        counted = [spec for i, spec in enumerate(specs) if not self._will_wait(specs, i)]
+        new_keys = {spec.key for spec in counted if spec.key is not None and spec.key not in self.keys}
+        fresh = len(new_keys) + sum(1 for spec in counted if spec.key is None)
         return fresh > 0 and self.pending() + fresh > max_pending
+
+    def unknown_parent(self, specs: Sequence[NewJob]) -> bool:
+        """Whether a spec of ``specs`` names by id a parent the store does not hold (``InvalidJob``)."""
+        return any(type(p) is str and p not in self.jobs for spec in specs for p in spec.after)
+
+    def _will_wait(self, specs: Sequence[NewJob], index: int) -> bool:
+        """Whether the job of ``specs[index]`` is added waiting (or cancelled), so not pending."""
+        for parent in specs[index].after:
+            if type(parent) is int:
+                key = specs[parent].key
+                held = self.keys.get(key) if key is not None else None
+                if held is None or self.jobs[held].state is not JobState.SUCCEEDED:
+                    return True
+            elif self.jobs[str(parent)].state is not JobState.SUCCEEDED:
+                return True
+        return False
+
+    def _blocker(self, job: ModelJob, besides: str | None = None) -> ModelJob | None:
+        """The first parent of ``job`` (not ``besides``) held and dead or cancelled."""
+        for parent_id in job.after:
+            parent = self.jobs.get(parent_id)
+            if parent_id != besides and parent is not None and parent.state in (_DEAD, _CANCELLED):
+                return parent
+        return None
+
+    def _unmet(self, job: ModelJob) -> bool:
+        """Whether a held parent of ``job`` has not succeeded (a dropped one ended long ago)."""
+        return any(p in self.jobs and self.jobs[p].state is not JobState.SUCCEEDED for p in job.after)
+
+    def _children(self, parent_id: str) -> list[ModelJob]:
+        return [job for job in self.jobs.values() if parent_id in job.after]
 
     def add(self, specs: Sequence[NewJob], answered: Sequence[Job], now: float) -> list[str]:
         """Apply an accepted ``add``; ``answered`` is what the store returned. Returns what differs."""
         found: list[str] = []
         if len(answered) != len(specs):
             return [f"add of {len(specs)} jobs answered {len(answered)}"]
+        ids = [job.id for job in answered]
         for spec, job in zip(specs, answered, strict=True):
             held = self.keys.get(spec.key) if spec.key is not None else None
             if held is not None:
@@ -168,6 +206,16 @@ class Reference:
             self.jobs[job.id] = model
             if spec.key is not None:
                 self.keys[spec.key] = job.id
+            if spec.after:
+                after = [ids[p] if type(p) is int else str(p) for p in spec.after]
+                model.after = tuple(dict.fromkeys(after))
+                blocker = self._blocker(model)
+                if blocker is not None:
+                    model.error = Text(exact=_parent_failed(blocker))
+                    model.cancelled_by = blocker.id
+                    self._finish(model, _CANCELLED, now)
+                elif self._unmet(model):
+                    model.state = _W
             found.extend(model.problems(job))
         return found
 
@@ -246,12 +294,34 @@ class Reference:
         job.state = _S if run_at > now else _R
 
     def _finish(self, job: ModelJob, state: JobState, now: float) -> None:
+        was_parent = job.id
         job.state = state
         job.finished_at = now
         job.node = None
         self.retained.append(job.id)
         while len(self.retained) > self.max_retained and not self.bound_at_evict:
             self._drop(self.retained[0])
+        # Flows: its waiting children (the machine adds flows only with a bound no cascade reaches,
+        # so the order a store finishes a cascade's jobs in does not matter here).
+        if state is JobState.SUCCEEDED:
+            for child in self._children(was_parent):
+                if child.state is _W and not self._unmet(child):
+                    child.state = _S if child.run_at > now else _R
+            return
+        # A death or cancel: breadth first, each job named after the nearest parent that ended.
+        level = [job]
+        while level:
+            below = []
+            for ended in level:
+                for child in self._children(ended.id):
+                    if child.state is not _W:
+                        continue
+                    child.error = Text(exact=_parent_failed(ended))
+                    child.cancelled_by = ended.id
+                    child.state, child.finished_at, child.node = _CANCELLED, now, None
+                    self.retained.append(child.id)
+                    below.append(child)
+            level = below
 
     def _drop(self, job_id: str) -> None:
         job = self.jobs.pop(job_id)
@@ -274,19 +344,40 @@ class Reference:
         self._finish(job, JobState.CANCELLED, now)
         return True, running
 
-    def retry(self, job_id: str, now: float) -> bool:
-        """Apply ``retry``: ``False`` (nothing changed) unless the job is dead or cancelled.
+    def retry(self, job_id: str, now: float) -> str | None:
+        """Apply ``retry``; ``None`` when it did, else the ``field`` of the ``InvalidJob`` it must
+        raise, changing nothing: ``"state"`` unless the job is dead or cancelled, ``"after"`` while a
+        parent is.
 
         Raises ``KeyError`` for a job the store does not hold.
         """
         job = self.jobs[job_id]
-        if job.state not in (JobState.DEAD, JobState.CANCELLED):
-            return False
+        if job.state not in (_DEAD, _CANCELLED):
+            return "state"
+        if self._blocker(job) is not None:
+            return "after"
         self.retained.remove(job_id)
-        job.state, job.attempts, job.snoozes = _R, 0, 0
+        job.state, job.attempts, job.snoozes = (_W if self._unmet(job) else _R), 0, 0
         job.finished_at, job.result, job.run_at = None, None, now
         job.epoch_may_grow = True
-        return True
+        job.cancelled_by = None
+        self._revive(job)
+        return None
+
+    def _revive(self, parent: ModelJob) -> None:
+        """The jobs cancelled because ``parent`` ended wait again (it was retried), and theirs."""
+        for child in self._children(parent.id):
+            if child.state is not _CANCELLED or child.cancelled_by != parent.id:
+                continue
+            other = self._blocker(child)
+            if other is not None:
+                child.cancelled_by = other.id
+                child.error = Text(exact=_parent_failed(other))
+                continue
+            self.retained.remove(child.id)
+            child.state, child.finished_at, child.error, child.cancelled_by = _W, None, None, None
+            child.epoch_may_grow = True
+            self._revive(child)
 
     def promote(self, now: float) -> float | None:
         """Apply ``promote``: due scheduled jobs become ready; returns the next ``run_at`` still waiting."""
@@ -322,6 +413,10 @@ class Reference:
         """A session opened: the retention bounds hold from the start."""
         self.evict(now)
 
+    def waiting(self) -> list[str]:
+        """The ids of the waiting jobs."""
+        return [job.id for job in self.jobs.values() if job.state is _W]
+
     def pending(self) -> int:
         """Ready plus scheduled jobs: what ``max_pending`` bounds."""
         return sum(1 for job in self.jobs.values() if job.state in (_R, _S))
@@ -348,3 +443,8 @@ class Reference:
         if counts != self.counts():
             found.append(f"counts() is {counts}, expected {self.counts()}")
         return found
+
+
+def _parent_failed(parent: ModelJob) -> str:
+    """The error of a job cancelled because ``parent`` ended dead or cancelled (``NewJob.after``)."""
+    return f"ParentFailed: parent {parent.id} is {parent.state.value}"

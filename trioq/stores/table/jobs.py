@@ -21,6 +21,7 @@ a transition from the wrong state raises :class:`~trioq.InvalidJob`.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Callable, Collection, Container, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from ..._model import (
     deadline_error,
 )
 from .fair import FairReadyQueue
+from .flows import FlowIndex, parent_failed
 from .limits import LimitState
 from .ready import CHUNK, Fifo, ReadyQueue
 
@@ -59,6 +61,7 @@ _SUCCEEDED = JobState.SUCCEEDED
 _DEAD = JobState.DEAD
 _CANCELLED = JobState.CANCELLED
 _DEFERRED = JobState.DEFERRED
+_WAITING = JobState.WAITING
 
 
 class Entry(msgspec.Struct, gc=False, eq=False):
@@ -119,6 +122,11 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     limits: tuple[str, ...] = ()
     #: The key whose freed slot this ready job was let go for, until it takes it or leaves (see .limits).
     waking: str | None = None
+    #: Its parents' ids (see .flows); while it waits, how many have not succeeded; once cancelled
+    #: because a parent ended dead or cancelled, that parent's id.
+    after: tuple[str, ...] = ()
+    unmet: int = 0
+    cancelled_by: str | None = None
 
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
@@ -148,6 +156,7 @@ class Entry(msgspec.Struct, gc=False, eq=False):
             self.tenant,
             self.deadline,
             self.limits,
+            self.after,
         )
 
 
@@ -228,6 +237,9 @@ class JobTable:
         self._deferred: AnyReady = ReadyQueue()
         #: Called with each entry a transition admitted, and the time (a durable store logs it).
         self.on_admit: Callable[[Entry, float], None] | None = None
+        #: Flows: parent id -> children (see .flows); ``_children`` is its dict, read on every finish.
+        self.flows = FlowIndex(self._jobs)
+        self._children = self.flows.children
 
     # ----------------------------------------------------------------- queries
 
@@ -377,6 +389,7 @@ class JobTable:
         deadline: float | None = None,
         limits: tuple[str, ...] = (),
         deferred: bool | None = None,
+        after: tuple[str, ...] = (),
     ) -> str | None:
         """:meth:`add` with the payload already msgpack-encoded, and no snapshot.
 
@@ -385,7 +398,10 @@ class JobTable:
         payload replay reads as raw msgpack: this is the replay path.
         ``deferred``: whether the job starts ``deferred`` (replay says);
         ``None``: as :attr:`defer_past` decides (any job deferred already, or
-        ready + scheduled at the bound).
+        ready + scheduled at the bound). ``after``: its parents' ids, each one
+        the table holds (else :class:`~trioq.InvalidJob`, nothing inserted): it
+        starts ``waiting`` while any has not succeeded, ``cancelled`` (never
+        deferred either way) if one is dead or cancelled (see .flows).
         """
         if key is not None:
             existing = self._keys.get(key)
@@ -393,6 +409,12 @@ class JobTable:
                 return existing
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
+        if after:
+            self._add_child(
+                job_id, task, payload, priority, key, max_attempts, run_at, now, queue, tenant, deadline, limits,
+                deferred, after,
+            )  # fmt: skip
+            return None
         seq = self._next_seq
         self._next_seq = seq + 1
         if deferred is None:
@@ -409,6 +431,55 @@ class JobTable:
             heapq.heappush(self._deadlines, (deadline, seq, entry))
         return None
 
+    def _add_child(
+        self,
+        job_id: str,
+        task: str,
+        payload: bytes,
+        priority: int,
+        key: str | None,
+        max_attempts: int,
+        run_at: float,
+        now: float,
+        queue: str,
+        tenant: str | None,
+        deadline: float | None,
+        limits: tuple[str, ...],
+        deferred: bool | None,
+        after: tuple[str, ...],
+    ) -> None:
+        """:meth:`add_packed` of a job with parents."""
+        flows = self.flows
+        flows.check(after)
+        probe = Entry(job_id, task, b"", _WAITING, priority, key, max_attempts, run_at, now, 0, after=after)
+        blocker = flows.blocker(probe)
+        unmet = flows.unmet(probe)
+        if blocker is None and not unmet:  # every parent succeeded already: a plain job
+            self.add_packed(
+                job_id, task, payload, priority, key, max_attempts, run_at, now, queue, tenant, deadline, limits,
+                deferred,
+            )  # fmt: skip
+            self._jobs[job_id].after = after
+            return
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._insert(job_id, task, payload, _WAITING, priority, key, max_attempts, run_at, now, seq, queue, tenant)
+        entry = self._jobs[job_id]
+        entry.after = after
+        entry.unmet = unmet
+        flows.link(entry)
+        if limits:
+            entry.limits = limits
+            self.limits.used = True
+        if deadline is not None:
+            entry.deadline = deadline
+            if blocker is None:
+                heapq.heappush(self._deadlines, (deadline, seq, entry))
+        if blocker is not None:
+            entry.error = parent_failed(blocker.id, blocker.state)
+            entry.cancelled_by = blocker.id
+            self._end(entry, _CANCELLED, now)
+
     def _insert(
         self,
         job_id: str,
@@ -424,7 +495,7 @@ class JobTable:
         queue: str,
         tenant: str | None,
     ) -> None:
-        """File a never-run ready, scheduled or deferred job."""
+        """File a never-run ready, scheduled, deferred or waiting job."""
         if payload == _EMPTY_MAP:
             payload = b""
         entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, created_at, seq)
@@ -609,13 +680,29 @@ class JobTable:
         return entry, True, running_epoch
 
     def retry(self, job_id: str, now: float) -> Entry:
-        """Send a dead or cancelled job back to ``ready`` with its attempts reset and no deadline."""
+        """Send a dead or cancelled job back to ``ready`` with its attempts reset and no deadline.
+
+        A job with parents goes ``waiting`` instead while any has not succeeded,
+        and is refused (:class:`~trioq.InvalidJob`, ``field="after"``) while one
+        is dead or cancelled. The jobs cancelled because this one ended so wait
+        again, and so on down the flow (see .flows).
+        """
         entry = self.entry(job_id)
         if entry.state is not _DEAD and entry.state is not _CANCELLED:
             raise InvalidJob(
                 f"job {job_id!r} is {entry.state.value}; only dead or cancelled jobs can be retried",
                 field="state",
             )
+        unmet = 0
+        if entry.after:
+            blocker = self.flows.blocker(entry)
+            if blocker is not None:
+                raise InvalidJob(
+                    f"job {job_id!r} waits for parent {blocker.id}, which is {blocker.state.value}; "
+                    f"retry {blocker.id} first (its cancelled children then wait again)",
+                    field="after",
+                )
+            unmet = self.flows.unmet(entry)
         self._retained -= 1  # its retention item goes stale: _push replaces the slot
         entry.attempts = 0
         entry.snoozes = 0
@@ -623,10 +710,40 @@ class JobTable:
         entry.result = None
         entry.deadline = None  # asked for by name: it runs, however late
         entry.run_at = now
-        self._move(entry, _READY)
+        entry.cancelled_by = None
+        entry.unmet = unmet
+        self._move(entry, _WAITING if unmet else _READY)
         self._push(entry)
         self._compact_retention()
+        if self._children.get(job_id):
+            self._revive(entry, now)
         return entry
+
+    def _revive(self, parent: Entry, now: float) -> None:
+        """Make the jobs cancelled because ``parent`` ended wait again (it was just retried), and
+        theirs, down the flow; a job another of whose parents is dead or cancelled stays cancelled,
+        now because of that one."""
+        flows, children = self.flows, self._children
+        stack = [parent]
+        while stack:
+            revived = stack.pop()
+            for child in children.get(revived.id, ()):
+                if child.state is not _CANCELLED or child.cancelled_by != revived.id:
+                    continue
+                other = flows.blocker(child)
+                if other is not None:
+                    child.cancelled_by = other.id
+                    child.error = parent_failed(other.id, other.state)
+                    continue
+                self._retained -= 1
+                child.finished_at = None
+                child.error = None
+                child.cancelled_by = None
+                child.unmet = flows.unmet(child)
+                self._move(child, _WAITING)
+                self._push(child)
+                self._compact_retention()
+                stack.append(child)
 
     def promote(self, now: float) -> int:
         """Move scheduled jobs whose ``run_at`` has come to ``ready``; returns how many.
@@ -666,7 +783,8 @@ class JobTable:
                 self.on_expire(entry)
         if expired and self._counts[_DEFERRED]:
             self.admit_due(now)
-        live = self._counts[_READY] + self._counts[_SCHEDULED] + self._counts[_DEFERRED]
+        counts = self._counts
+        live = counts[_READY] + counts[_SCHEDULED] + counts[_DEFERRED] + counts[_WAITING]
         if len(heap) > 2 * live + CHUNK:  # claimed and finished jobs leave their items behind
             self._deadlines = [item for item in heap if _expirable(item[2], item[0])]
             heapq.heapify(self._deadlines)
@@ -840,6 +958,8 @@ class JobTable:
         key = entry.key
         if key is not None and self._keys.get(key) == job_id:
             del self._keys[key]
+        if self._children:
+            self._children.pop(job_id, None)
 
     # -------------------------------------------------------------- recovery
 
@@ -861,6 +981,7 @@ class JobTable:
         self._active.clear()
         self._counts = dict.fromkeys(JobState, 0)
         self._next_seq = 0
+        self.flows.clear()
 
     def export(self) -> list[tuple[Any, ...]]:
         """Every job as the fields of :meth:`restore`, in an order it can rebuild from.
@@ -896,12 +1017,14 @@ class JobTable:
         limits: Sequence[str] = (),
         after: Sequence[str] = (),
         deadline: float | None = None,
+        cancelled_by: str | None = None,
     ) -> None:
         """Insert a job exactly as a checkpoint recorded it, in any state.
 
         ``errors`` and ``snoozes`` default to none: a checkpoint of log format
-        2 has neither. ``after`` is accepted for the log's sake and not kept
-        yet (nothing writes it).
+        2 has neither. A job with parents (``after``) is filed under each of
+        them; once every row is in, :meth:`restored` counts what the waiting
+        ones still wait for.
         """
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
@@ -926,6 +1049,10 @@ class JobTable:
         if limits:
             entry.limits = tuple(limits)
             self.limits.used = True
+        if after:
+            entry.after = tuple(after)
+            entry.cancelled_by = cancelled_by
+            self.flows.link(entry, every=True)  # its parents may come later in the checkpoint
         self._jobs[job_id] = entry
         if key is not None:
             self._keys[key] = job_id
@@ -938,6 +1065,18 @@ class JobTable:
                 self.limits.hold(entry, None)  # its token was taken before the checkpoint
         else:
             self._push(entry)
+
+    def restored(self) -> None:
+        """After the last row of a checkpoint: count each waiting job's unmet parents, and drop the
+        flow index's lists of parents that are gone or succeeded."""
+        if not self._children:
+            return
+        flows = self.flows
+        flows.prune()
+        for kids in self._children.values():
+            for child in kids:
+                if child.state is _WAITING:
+                    child.unmet = flows.unmet(child)
 
     def jobs(self, states: Collection[JobState], limit: int) -> list[Job]:
         """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first (a scan: for checks)."""
@@ -1056,6 +1195,48 @@ class JobTable:
         entry.state = state
 
     def _finish(self, entry: Entry, state: JobState, now: float) -> None:
+        children = self._children.get(entry.id) if self._children else None
+        self._end(entry, state, now)
+        if children:
+            self._flow(entry, children, now)
+
+    def _flow(self, parent: Entry, children: list[Entry], now: float) -> None:
+        """Move the waiting children of ``parent``, which just ended: a success counts for each (the
+        last one makes it ready, or scheduled); a death or cancel cancels them, and theirs, down
+        the flow (see .flows)."""
+        if parent.state is _SUCCEEDED:
+            self._children.pop(parent.id, None)
+            ready = 0
+            for child in children:
+                if child.state is not _WAITING:
+                    continue
+                child.unmet -= 1
+                if child.unmet:
+                    continue
+                self._admit_one(child, now)  # never deferred: like a retry, it was enqueued already
+                if child.state is _READY:
+                    ready += 1
+                elif self.on_throttled is not None:
+                    self.on_throttled(child.run_at)
+            if ready and self.on_unblocked is not None:
+                self.on_unblocked(ready)
+            return
+        # Breadth first: a job is cancelled in the name of the nearest parent that ended (the first
+        # one, in enqueue order, of those at that distance).
+        stack = collections.deque([(parent, children)])
+        while stack:
+            ended, kids = stack.popleft()
+            for child in kids:
+                if child.state is not _WAITING:
+                    continue
+                grandchildren = self._children.get(child.id)
+                child.error = parent_failed(ended.id, ended.state)
+                child.cancelled_by = ended.id
+                self._end(child, _CANCELLED, now)
+                if grandchildren:
+                    stack.append((child, grandchildren))
+
+    def _end(self, entry: Entry, state: JobState, now: float) -> None:
         self._move(entry, state)
         entry.finished_at = now
         self._retain(entry)
@@ -1090,6 +1271,8 @@ class JobTable:
 
     def _push(self, entry: Entry) -> None:
         entry.slot = token = entry.slot + 1
+        if entry.state is _WAITING:
+            return  # in no queue: its last parent's success moves it (see _flow)
         if entry.state is _DEFERRED:
             deferred = self._deferred
             deferred.push(0, (0.0, entry.seq, entry, token))
@@ -1114,12 +1297,12 @@ class JobTable:
 
 
 def _expirable(entry: Entry, deadline: float) -> bool:
-    """Whether ``entry`` is a never-claimed ready, scheduled or deferred job whose deadline is ``deadline``."""
+    """Whether ``entry`` is a never-claimed ready, scheduled, deferred or waiting job whose deadline is ``deadline``."""
     state = entry.state
     return (
         entry.deadline == deadline
         and entry.epoch == 0
-        and (state is _READY or state is _SCHEDULED or state is _DEFERRED)
+        and (state is _READY or state is _SCHEDULED or state is _DEFERRED or state is _WAITING)
     )
 
 
@@ -1264,11 +1447,17 @@ def trailing_fields(e: Entry, *, add: bool = False) -> tuple[Any, ...]:
     """The fields a WAL ADD and ENTRY record end with, ``queue, tenant, limits, after, deadline``, as far as
     the last one not at its default (``()`` for a job of the default queue with none of them): a field
     added and not used costs the log nothing. With ``add``, a deferred job's ADD goes on to ``metadata,
-    deferred`` (``None, True``); ENTRY has no such field, its state says it."""
+    deferred`` (``None, True``); ENTRY has no such field, its state says it. Without ``add``, a job
+    cancelled because of a parent goes on to ``metadata, cancelled_by`` (ENTRY's own field; replay of
+    an ADD derives it)."""
     if add and e.state is _DEFERRED:
-        return (e.queue, e.tenant, e.limits, (), e.deadline, None, True)
+        return (e.queue, e.tenant, e.limits, e.after, e.deadline, None, True)
+    if not add and e.cancelled_by is not None:
+        return (e.queue, e.tenant, e.limits, e.after, e.deadline, None, e.cancelled_by)
     if e.deadline is not None:
-        return (e.queue, e.tenant, e.limits, (), e.deadline)
+        return (e.queue, e.tenant, e.limits, e.after, e.deadline)
+    if e.after:
+        return (e.queue, e.tenant, e.limits, e.after)
     if e.limits:
         return (e.queue, e.tenant, e.limits)
     if e.tenant is not None:
