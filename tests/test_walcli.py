@@ -110,7 +110,7 @@ async def test_verify_and_inspect_name_each_segments_format(tmp_path: Path) -> N
     assert [(line[0], line[2]) for line in lines] == [
         ("00000000000000000002.wal", "2"),
         ("00000000000000000003.wal", "2"),
-        ("00000000000000000004.wal", "5"),
+        ("00000000000000000004.wal", "6"),
     ]
 
 
@@ -128,7 +128,7 @@ async def test_verify_and_inspect_read_queues_pauses_and_expiries(tmp_path: Path
         assert await store.promote() is None  # the deadline passed: EXPIRE
         await store.sync()
     code, out, err = _run(verify_command, tmp_path)
-    assert (code, err) == (0, "") and out.startswith("ok: 1 segment(s) (format 5), ") and "2 jobs" in out
+    assert (code, err) == (0, "") and out.startswith("ok: 1 segment(s) (format 6), ") and "2 jobs" in out
     code, out, _ = _run(inspect_command, tmp_path)
     assert code == 0 and "paused queues: email\n" in out and "cancelled           1" in out
     # Format 5's: an ADD deferred past the bound, and its ADMIT once a claim makes room.

@@ -583,6 +583,7 @@ async def test_recovery_after_a_crash(tmp_path: Path) -> None:
             "dead": 1,
             "cancelled": 1,
             "deferred": 0,
+            "waiting": 0,
         }
 
 

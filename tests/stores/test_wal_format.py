@@ -33,6 +33,7 @@ from trioq import FailedAttempt, JobNotFound, JobState, WALCorruption, WALStore
 from trioq._app.walcli import verify_command
 from trioq._model import Limit
 from trioq.stores import ClaimRequest, Failed, NewJob, Released, Snoozed, StoreConfig, Succeeded
+from trioq.stores.table.cron import TICK
 from trioq.stores.table.store import ADD, CLAIM, EXPIRE, FAIL, PAUSE, RESUME, SNOOZE
 from trioq.stores.wal import _format
 from trioq.stores.wal._format import (
@@ -87,7 +88,7 @@ END_V4 = START + 4006.0
 #: After the format-2 (and format-3) log's last record.
 LATER = START + 4010.0
 #: What a job of a format-2 or format-3 log has for the fields format 4 added (Job.to_dict()).
-NO_LABELS = {"queue": "default", "tenant": None, "deadline": None, "limits": []}
+NO_LABELS = {"queue": "default", "tenant": None, "deadline": None, "limits": [], "after": []}
 _FRAME = struct.Struct("<IIB")
 
 
@@ -199,6 +200,7 @@ async def test_a_format_2_log_opens_with_every_job_as_it_was(tmp_path: Path) -> 
             "dead": 2,
             "cancelled": 2,
             "deferred": 0,
+            "waiting": 0,
         }
 
 
@@ -220,13 +222,13 @@ async def test_new_records_go_to_format_4_segments_after_the_format_2_ones(tmp_p
         assert states == [JobState.SUCCEEDED, JobState.DEAD, JobState.SCHEDULED]
         await store.sync()
         jobs = {job_id: await store.get(job_id) for job_id in IDS.values() if job_id != IDS["a_evicted"]}
-    # The old segments stay as they were (a checkpoint will delete them); the session wrote format 5.
-    assert VERSION == 5
-    assert versions(wal) == {2: 2, 3: 2, 4: 5}
+    # The old segments stay as they were (a checkpoint will delete them); the session wrote format 6.
+    assert VERSION == 6
+    assert versions(wal) == {2: 2, 3: 2, 4: 6}
     assert (wal / segment_name(2)).read_bytes() == (DATA / "wal_v2" / segment_name(2)).read_bytes()
 
     async with opened(wal, clock) as store:
-        assert store.recovery is not None and store.recovery.versions == {2: 2, 3: 2, 4: 5}
+        assert store.recovery is not None and store.recovery.versions == {2: 2, 3: 2, 4: 6}
         assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
         dead = jobs[retried.id]
         assert dead.errors == (
@@ -236,22 +238,22 @@ async def test_new_records_go_to_format_4_segments_after_the_format_2_ones(tmp_p
         assert jobs[running.id].run_at == LATER + 60.0 and jobs[running.id].state is JobState.SCHEDULED
         assert store._table is not None and store._table.entry(running.id).snoozes == 1
         await store.checkpoint()
-        assert versions(wal) == {6: 5}  # the format-2 segments are gone (5: this session's first)
+        assert versions(wal) == {6: 6}  # the format-2 segments are gone (5: this session's first)
 
     async with opened(wal, clock) as store:
-        assert store.recovery is not None and store.recovery.versions == {6: 5}
+        assert store.recovery is not None and store.recovery.versions == {6: 6}
         assert {job_id: await store.get(job_id) for job_id in jobs} == jobs
         assert store._table is not None and store._table.entry(running.id).snoozes == 1
 
 
-@pytest.mark.parametrize("version", [1, 6, 0xFFFF])
+@pytest.mark.parametrize("version", [1, 7, 0xFFFF])
 async def test_a_segment_of_a_format_it_does_not_read_is_refused_saying_so(tmp_path: Path, version: int) -> None:
     wal = tmp_path / "wal"
     wal.mkdir()
     head = struct.pack("<8sHQ", _format.MAGIC, version, 1)
     (wal / segment_name(1)).write_bytes(head + struct.pack("<I", crc32c(head)))
     with pytest.raises(
-        WALCorruption, match=f"WAL format version {version}; this trioq reads versions 2, 3, 4 and 5\\."
+        WALCorruption, match=f"WAL format version {version}; this trioq reads versions 2, 3, 4, 5 and 6\\."
     ):
         async with opened(wal, Clock()):
             pass  # pragma: no cover
@@ -263,10 +265,10 @@ async def test_a_segment_of_an_older_format_after_a_format_4_one_is_corruption(t
     wal = v2_log(tmp_path)
     async with opened(wal, Clock(LATER)):
         pass
-    assert versions(wal) == {2: 2, 3: 2, 4: 5}
+    assert versions(wal) == {2: 2, 3: 2, 4: 6}
     head = struct.pack("<8sHQ", _format.MAGIC, older, 5)  # as only a trioq of that format writes
     (wal / segment_name(5)).write_bytes(head + struct.pack("<I", crc32c(head)))
-    with pytest.raises(WALCorruption, match=f"format {older} after one of format 5") as info:
+    with pytest.raises(WALCorruption, match=f"format {older} after one of format 6") as info:
         async with opened(wal, Clock(LATER)):
             pass  # pragma: no cover
     assert info.value.path == str(wal / segment_name(5))
@@ -313,7 +315,7 @@ async def test_a_format_3_log_goes_on_in_format_4_and_its_checkpoint_drops_it(tm
         (labelled,) = await store.add([NewJob("t", {"n": 1}, 0, None, 3, 0.0, "email", "acme", 60.0)])
         assert await store.pause("email")
         jobs = {job_id: await store.get(job_id) for job_id in IDS_V3.values() if job_id != IDS_V3["a_evicted"]}
-    assert versions(wal) == {2: 3, 3: 3, 4: 5}
+    assert versions(wal) == {2: 3, 3: 3, 4: 6}
     assert (wal / segment_name(3)).read_bytes() == (DATA / "wal_v3" / segment_name(3)).read_bytes()
     for _ in range(2):  # replayed from the format-5 records, then from a checkpoint of them
         async with opened(wal, clock) as store:
@@ -322,7 +324,7 @@ async def test_a_format_3_log_goes_on_in_format_4_and_its_checkpoint_drops_it(tm
             assert (got.queue, got.tenant, got.deadline) == ("email", "acme", LATER + 60.0)
             assert await store.paused() == ["email"]
             await store.checkpoint()
-    assert versions(wal) == {8: 5}  # 5 and 7: each session's first segment, 6 and 8 its checkpoint
+    assert versions(wal) == {8: 6}  # 5 and 7: each session's first segment, 6 and 8 its checkpoint
 
 
 def test_the_format_3_fixture_is_what_its_docstring_says() -> None:
@@ -370,7 +372,7 @@ async def test_a_format_4_log_opens_with_every_job_as_it_was(tmp_path: Path) -> 
             # Running at the "crash": ready again, same epoch, uncounted. Everything
             # else as it was: queue, tenant, limit keys and deadline included.
             state = "ready" if want["state"] == "running" else want["state"]
-            assert got == {**want, "state": state}, name
+            assert got == {**want, "after": [], "state": state}, name
         # Paused by the checkpoint's BEGIN ("reports") and by a PAUSE record ("bulk");
         # "email" was paused and resumed after the checkpoint.
         assert await store.paused() == ["bulk", "reports"]
@@ -458,8 +460,8 @@ async def test_a_format_4_log_goes_on_in_format_5_and_its_checkpoint_drops_it(tm
         assert await store.resume("bulk") and await store.pause("email")
         jobs = {job_id: await store.get(job_id) for job_id in IDS_V4.values() if job_id != IDS_V4["a_evicted"]}
         jobs[labelled.id] = await store.get(labelled.id)
-    assert VERSION == 5
-    assert versions(wal) == {2: 4, 3: 4, 4: 4, 5: 5}
+    assert VERSION == 6
+    assert versions(wal) == {2: 4, 3: 4, 4: 4, 5: 6}
     for number in (2, 3, 4):  # the old segments stay as they were, until a checkpoint
         assert (wal / segment_name(number)).read_bytes() == (DATA / "wal_v4" / segment_name(number)).read_bytes()
     for _ in range(2):  # replayed from the format-5 records, then from a checkpoint of them
@@ -477,7 +479,7 @@ async def test_a_format_4_log_goes_on_in_format_5_and_its_checkpoint_drops_it(tm
             assert await store.paused() == ["email", "reports"]
             assert await store.limit_usage() == {"api": (0, 0, END_V4 + 1.0), "hourly": (0, 0, START + 7601.0)}
             await store.checkpoint()
-    assert versions(wal) == {9: 5}  # 6 and 8: each session's first segment, 7 and 9 its checkpoint
+    assert versions(wal) == {9: 6}  # 6 and 8: each session's first segment, 7 and 9 its checkpoint
 
 
 def test_the_format_4_fixture_is_what_its_docstring_says() -> None:
@@ -701,6 +703,13 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
         assert (first.state, second.state, third.state) == (JobState.READY, JobState.DEFERRED, JobState.DEFERRED)
         assert (await claim(store)).id == first.id
         assert (await store.get(second.id)).state is JobState.READY
+        # A TICK (a cron schedule's tick, with its job), and a flow: an ADD with parents (queue,
+        # tenant, limits, after), and an ENTRY of a child its parent's cancel cancelled (cancelled_by).
+        assert await store.add_tick("every-minute", START, NewJob("t", {"c": 1}, 50, None, 3)) is not None
+        parent, child = await store.add([NewJob("t", {"f": 1}, 50, None, 3), NewJob("t", {}, 50, None, 3, after=(0,))])
+        assert child.state is JobState.WAITING
+        await store.cancel(parent.id)
+        assert (await store.get(child.id)).state is JobState.CANCELLED
         await store.sync()
         shutil.copytree(wal, tmp_path / "before-second-checkpoint")
         await store.checkpoint()
@@ -717,10 +726,10 @@ async def test_every_record_the_store_writes_is_its_structs_own_encoding(
             assert msgspec.msgpack.encode(msgspec.structs.astuple(record)[:written]) == bytes(payload), record
     assert seen == set(RECORDS)
     # Every run of ADD's and ENTRY's trailing fields, and a BEGIN with paused queues, were among them.
-    assert lengths[ADD] == {8, 9, 10, 11, 13, 15}
+    assert lengths[ADD] == {8, 9, 10, 11, 12, 13, 15}
     assert lengths[ENTRY] == {17, 18, 19, 20, 22}
     assert lengths[CLAIM] == {1, 2}
-    assert lengths[CHECKPOINT_BEGIN] == {3}
+    assert lengths[CHECKPOINT_BEGIN] == {3}  # the ticks ride on the second checkpoint, not copied
     assert {EXPIRE, PAUSE, RESUME, SNOOZE} <= seen
 
 
@@ -736,4 +745,4 @@ def test_the_format_2_fixture_is_what_its_docstring_says() -> None:
                 assert len(msgspec.msgpack.decode(payload)) == 5
             if kind == ENTRY:
                 assert len(msgspec.msgpack.decode(payload)) == 15
-    assert kinds == (set(RECORDS) - {Snooze.kind, Expire.kind, Pause.kind, Resume.kind, Admit.kind}) | {COMMIT}
+    assert kinds == (set(RECORDS) - {Snooze.kind, Expire.kind, Pause.kind, Resume.kind, Admit.kind, TICK}) | {COMMIT}

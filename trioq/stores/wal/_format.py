@@ -22,8 +22,8 @@ blocks (``fsync="always"``), and none otherwise. They let recovery tell a page o
 the last batch that a power cut left unwritten (zeros where the CRC says
 otherwise) from damage (any other mismatch). All integers are little-endian.
 
-Format versions: this trioq writes format 5 (:data:`VERSION`) and reads 2 to
-5 (:data:`READABLE_VERSIONS`); the version is per segment. All four
+Format versions: this trioq writes format 6 (:data:`VERSION`) and reads 2 to
+6 (:data:`READABLE_VERSIONS`); the version is per segment. All five
 frame and commit alike. The rule: the number moves whenever a trioq of the
 previous format would misread the new segments, rather than refuse them.
 
@@ -39,10 +39,13 @@ previous format would misread the new segments, rather than refuse them.
   :mod:`._records`.
 - Format 5 writes ADD's trailing ``deferred`` flag (a job enqueued past the
   admission bound) and ADMIT records (16), both damage to a format-4 reader.
+- Format 6 writes ADD's and ENTRY's trailing ``after`` (a job's parents,
+  declared since format 3, never written: a format-5 trioq would drop them
+  and run children before their parents) and ENTRY's ``cancelled_by``.
 
 A directory written by a trioq of an older format opens as it is (upgrade in
 place): its segments are read as their format, the new session writes
-format-5 segments after them, and the first checkpoint deletes the old ones.
+format-6 segments after them, and the first checkpoint deletes the old ones.
 A segment of an older format after one of a newer is corruption (only a trioq
 of the older format could have written it, and that trioq cannot open the
 directory once it holds a segment of the newer one).
@@ -115,9 +118,9 @@ __all__ = [
 
 MAGIC = b"TRIOQWAL"
 #: The format version of the segments this trioq writes.
-VERSION = 5
+VERSION = 6
 #: The format versions it reads (see the module docstring).
-READABLE_VERSIONS = (2, 3, 4, 5)
+READABLE_VERSIONS = (2, 3, 4, 5, 6)
 _HEADER = struct.Struct("<8sHQ")
 _HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size

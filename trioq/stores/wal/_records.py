@@ -1,4 +1,4 @@
-"""The records of the write-ahead log, one typed struct per record type (log format 4).
+"""The records of the write-ahead log, one typed struct per record type (log format 6).
 
 A record's payload (see :mod:`._format` for the framing) is a msgpack array of
 its struct's fields, in the order declared here: every struct is
@@ -29,13 +29,13 @@ a struct would be encoded with its defaults too (13 bytes more per ADD).
 against its struct. The log writer writes the checkpoint: ENTRY rows are
 ``JobTable.export()``'s tuples, BEGIN and END structs (:func:`._format.frame_record`).
 
-Log format 5 (``VERSION = 5`` in the segment header) records, by type byte
+Log format 6 (``VERSION = 6`` in the segment header) records, by type byte
 (``?`` marks a trailing field with a default, ``| None`` one that may be nil)::
 
     1   ADD      Add        id, task, payload (msgpack, embedded raw), priority, key | None,
                             max_attempts, run_at, now; ? queue = "default", ? tenant = None,
-                            ? limits = [] (its limit keys), ? after = [] (parent ids; nothing
-                            writes them yet), ? deadline = None (the wall-clock time by which
+                            ? limits = [] (its limit keys), ? after = [] (its parents'
+                            ids, format 6), ? deadline = None (the wall-clock time by which
                             the job must start, else it expires), ? metadata = None (nothing
                             writes it yet), ? deferred = False (it was enqueued past the
                             admission bound: written, with every field before it, only when
@@ -55,10 +55,13 @@ Log format 5 (``VERSION = 5`` in the segment header) records, by type byte
                             ([attempt, error, traceback | None, finished_at] each),
                             ? snoozes = 0; ? queue, ? tenant, ? limits, ? after, ? deadline,
                             ? metadata as on ADD (the deadline stays with the job once it
-                            started, and goes at a retry)
+                            started, and goes at a retry), ? cancelled_by = None (format 6:
+                            the parent whose end cancelled it)
     10  CHECKPOINT_BEGIN  CheckpointBegin  jobs (the ENTRY records that follow);
                             ? paused = [] (the paused queues' names, sorted),
-                            ? rates = [] ([key, tat] of each rate's GCRA, sorted)
+                            ? rates = [] ([key, tat] of each rate's GCRA, sorted),
+                            ? ticks = [] ([name, tick] of each cron schedule's last tick,
+                            sorted; format 6)
     11  CHECKPOINT_END    CheckpointEnd    jobs
     12  SNOOZE   Snooze     id, epoch, run_at, now
     13  EXPIRE   Expire     id, now: a never-claimed job cancelled at ``now`` for its deadline
@@ -66,6 +69,9 @@ Log format 5 (``VERSION = 5`` in the segment header) records, by type byte
     15  RESUME   Resume     queue: claims take them again
     16  ADMIT    Admit      id, now: a deferred job admitted at ``now`` (ready, or scheduled
                             if its run_at is later)
+    17  TICK     Tick       name, tick: cron schedule ``name``'s last tick is now ``tick`` (wall
+                            clock; format 6); the batch holding it holds the tick's ADD too,
+                            right after it (none for a baseline, or a tick whose key was held)
 
 The paused queues and the rates' tokens are a table's state like its jobs,
 so a checkpoint carries them, on its BEGIN: replay sets them up right where
@@ -73,7 +79,13 @@ it clears the table (BEGIN is where the table is rebuilt from), before any
 ENTRY, and END stays a plain count. A checkpoint is one committed batch, so
 which of the two holds them makes no difference to what a crash can leave.
 (A key's slots need no record: its holders are the running jobs, which the
-ENTRY rows and CLAIM records rebuild.)
+ENTRY rows and CLAIM records rebuild.) The cron schedules' last ticks are the
+store's state (``table/cron.py``), not the table's; a checkpoint carries them
+on its BEGIN all the same, and replay keeps them in ``Recovery.ticks``.
+
+Format 5 has no ``after`` on ADD and ENTRY in use (declared, never written)
+and no ENTRY ``cancelled_by``: its jobs have no parents. A format-5 trioq would
+read a format-6 ADD's parents as nothing, so the version moved.
 
 Format 4 has no ADD ``deferred`` and no ADMIT (a format-4 trioq would call both
 damage: the version moved so that it refuses the directory instead).
@@ -87,7 +99,7 @@ ENTRY neither errors nor snoozes (15 fields), and it has no SNOOZE (trioq
 before format 3 may also have written the longer FAIL and ENTRY and SNOOZE
 under a version-2 header; they read the same). Both read through these structs as they are: their jobs come
 back in the default queue, with no tenant, no deadline and no limit key, and no
-queue paused. Nothing writes ``after`` or ``metadata`` yet, and replay ignores them.
+queue paused. Nothing writes ``metadata`` yet, and replay ignores it.
 """
 
 from __future__ import annotations
@@ -97,6 +109,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from ..table.cron import TICK
 from ..table.store import (
     ADD,
     ADMIT,
@@ -135,6 +148,7 @@ __all__ = [
     "Row",
     "Snooze",
     "Succeed",
+    "Tick",
     "decode_record",
     "record_fields",
 ]
@@ -163,9 +177,10 @@ class Add(Record, array_like=True, gc=False, frozen=True):
     runs for, ``limits`` its limit keys, ``deadline`` the absolute wall-clock
     time (seconds, as ``now``) by which it must have started, else it expires
     (EXPIRE); ``None``: never. Written from format 4, and left off while at
-    their defaults. ``after`` and ``metadata`` are for what is coming
-    (dependencies, metadata): no trioq writes them yet (the table store writes
-    ``()`` for ``after`` when a deadline follows it), and replay ignores them.
+    their defaults. ``after`` (format 6): the ids of its parents; replay works
+    out from them, as the live add did, whether it starts waiting or
+    cancelled. ``metadata`` is for what is coming: no trioq writes it yet, and
+    replay ignores it.
     """
 
     kind: ClassVar[int] = ADD
@@ -311,9 +326,10 @@ class Row(Record, array_like=True, gc=False, frozen=True):
     ``errors`` and ``snoozes`` are new in format 3. The fields after them are
     ADD's trailing ones, for a job's whole life: ``queue``, ``tenant``,
     ``limits`` and ``deadline`` (an absolute wall-clock time) are written from
-    format 4, left off while at their defaults; ``after`` and ``metadata`` are
-    not written yet (``()`` for ``after`` before a deadline), and replay
-    ignores them.
+    format 4, left off while at their defaults; ``after`` (its parents' ids)
+    from format 6; ``metadata`` is not written yet, and replay ignores it.
+    ``cancelled_by`` (format 6): the parent whose death or cancel cancelled the
+    job (a retry of that parent makes it wait again).
     """
 
     kind: ClassVar[int] = ENTRY
@@ -340,6 +356,7 @@ class Row(Record, array_like=True, gc=False, frozen=True):
     after: tuple[str, ...] = ()
     deadline: float | None = None
     metadata: dict[str, Any] | None = None
+    cancelled_by: str | None = None
 
 
 class CheckpointBegin(Record, array_like=True, gc=False, frozen=True):
@@ -350,12 +367,24 @@ class CheckpointBegin(Record, array_like=True, gc=False, frozen=True):
     (its GCRA's theoretical arrival time, wall clock: the tokens the claims
     before the checkpoint took, which its ENTRY rows do not say). Both format
     4; a format-3 checkpoint has neither, and there was neither then.
+    ``ticks``: ``(name, tick)`` of each cron schedule's last tick, sorted
+    (format 6; none before).
     """
 
     kind: ClassVar[int] = CHECKPOINT_BEGIN
     jobs: int
     paused: tuple[str, ...] = ()
     rates: tuple[tuple[str, float], ...] = ()
+    ticks: tuple[tuple[str, float], ...] = ()
+
+
+class Tick(Record, array_like=True, gc=False, frozen=True):
+    """TICK: cron schedule ``name`` took its tick at wall time ``tick`` (or, with no ADD after it,
+    recorded a baseline) (format 6). Replay sets ``Recovery.ticks[name]`` (see ``table/cron.py``)."""
+
+    kind: ClassVar[int] = TICK
+    name: str
+    tick: float
 
 
 class CheckpointEnd(Record, array_like=True, gc=False, frozen=True):
@@ -367,7 +396,7 @@ class CheckpointEnd(Record, array_like=True, gc=False, frozen=True):
 
 _STRUCTS: tuple[type[Record], ...] = (
     Add, Claim, Succeed, Fail, Release, Cancel, Retry, Drop, Row, CheckpointBegin, CheckpointEnd, Snooze,
-    Expire, Pause, Resume, Admit,
+    Expire, Pause, Resume, Admit, Tick,
 )  # fmt: skip
 #: Every record struct by its type byte.
 RECORDS: dict[int, type[Record]] = {cls.kind: cls for cls in _STRUCTS}

@@ -9,6 +9,8 @@ ADMIT through ``admit`` (replay itself never admits a deferred job: the table
 has no ``defer_past`` until the session attaches), PAUSE and RESUME through
 ``pause`` and ``resume``; a checkpoint's BEGIN clears the table, pauses its
 queues and sets its rates' state, and its ENTRY rows go through ``restore``.
+TICK records, and the ticks a BEGIN carries, set ``Recovery.ticks`` (the cron
+schedules' last ticks are the store's, not the table's).
 Segments of log formats 2 to 5 read alike (older records are shorter arrays of the same
 structs, their jobs in the default queue with no tenant and no deadline); a
 log may hold segments of an older format followed by newer ones (see
@@ -74,6 +76,7 @@ second durable record, updated at every commit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -84,6 +87,7 @@ from collections.abc import Callable, Iterator
 import attrs
 import msgspec
 
+from ..table.cron import TICK
 from ..table.jobs import JobTable
 from ..table.store import (
     ADD,
@@ -130,6 +134,7 @@ from ._records import (
     Row,
     Snooze,
     Succeed,
+    Tick,
 )
 from ._writer import fsync_dir
 
@@ -161,6 +166,9 @@ class Recovery:
     last_batch: int = 0
     #: The format version of each segment replayed, by segment number (see ``_format``).
     versions: dict[int, int] = attrs.Factory(dict)
+    #: Each cron schedule's last tick, by name: from the last checkpoint's BEGIN and the TICK
+    #: records after it (the store's marks, not the table's: see ``table/cron.py``).
+    ticks: dict[str, float] = attrs.Factory(dict)
 
     @property
     def last_segment(self) -> int:
@@ -192,6 +200,7 @@ _expire_record = msgspec.msgpack.Decoder(Expire).decode
 _admit_record = msgspec.msgpack.Decoder(Admit).decode
 _pause_record = msgspec.msgpack.Decoder(Pause).decode
 _resume_record = msgspec.msgpack.Decoder(Resume).decode
+_tick_record = msgspec.msgpack.Decoder(Tick).decode
 _entry_record = msgspec.msgpack.Decoder(Row).decode
 #: The default queue as ADD and ENTRY decode it when the field is left off (the
 #: struct's default object itself; one written, even "default", decodes to a new
@@ -272,16 +281,23 @@ def _entry(table: JobTable, payload: memoryview) -> bool:
         queue = _intern(queue)
     if tenant is not None:
         tenant = _intern(tenant)
-    # metadata: not in the table yet (see _records.Row); limits and after it takes and ignores.
+    # metadata: not in the table yet (see _records.Row).
     table.restore(
         r.id, r.task, r.payload, r.state, r.priority, r.key, r.max_attempts, r.run_at, r.created_at, r.seq,
         r.attempts, r.epoch, r.finished_at, r.result, r.error, r.errors, r.snoozes, queue, tenant, r.limits,
-        r.after, r.deadline,
+        r.after, r.deadline, r.cancelled_by,
     )  # fmt: skip
     return True
 
 
+def _tick(ticks: dict[str, float], table: JobTable, payload: memoryview) -> bool:
+    r = _tick_record(payload)
+    ticks[r.name] = r.tick
+    return True
+
+
 def _checkpoint_end(table: JobTable, payload: memoryview) -> bool:
+    table.restored()  # the waiting jobs' parents are all in now
     return True
 
 
@@ -341,6 +357,11 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
     """
     segments = list_segments(directory)
     recovery = Recovery()
+    # TICK records set the recovery's marks (the one record kept outside the table).
+    every_replay: dict[int, Callable[[JobTable, memoryview], bool]] = {
+        **_REPLAY,
+        TICK: functools.partial(_tick, recovery.ticks),
+    }
     headerless: tuple[int, str] | None = None
     if segments and os.path.getsize(segments[-1][1]) < HEADER_SIZE:
         # Created, but its header never made it to disk: an unfinished write.
@@ -407,7 +428,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
             raise _batches_missing(directory, before, recovery.last_batch, first[0], path)
         previous_batch: int | None = None
         batch_start = HEADER_SIZE  # where the next batch must begin: its records are contiguous
-        add_packed, decode_add, replayers, default_queue = table.add_packed, _decode_add, _REPLAY, _DEFAULT_QUEUE
+        add_packed, decode_add, replayers, default_queue = table.add_packed, _decode_add, every_replay, _DEFAULT_QUEUE
         for kind, payload, offset in scan.committed():
             if kind == COMMIT:
                 batch, start, _ = commit_info(payload)
@@ -419,7 +440,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                 if kind == ADD:
                     # ADD dominates a log: its payload stays msgpack bytes
                     # (decoded only when the job first runs), no snapshot.
-                    # limits, after, metadata: not in the table yet (see _records.Add).
+                    # metadata: not in the table yet (see _records.Add).
                     r = decode_add(payload)
                     # One object per distinct task name, queue, tenant, limit keys and
                     # small payload, as enqueue shares them: ~90 bytes per job at a million jobs.
@@ -446,7 +467,7 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                             limits = shared_limits.setdefault(limits, limits)
                         applied = add_packed(
                             r.id, task, packed, r.priority, r.key, r.max_attempts, r.run_at, r.now, queue, tenant,
-                            r.deadline, limits, r.deferred,
+                            r.deadline, limits, r.deferred, r.after,
                         ) is None  # fmt: skip
                 elif kind == CHECKPOINT_BEGIN:
                     begin = _decode_begin(payload)
@@ -456,6 +477,8 @@ def _replay(directory: str, table: JobTable, *, repair: bool) -> Recovery:
                         table.pause(name)
                     if begin.rates:
                         table.limits.tat.update(begin.rates)
+                    recovery.ticks.clear()  # the same dict the TICK replay writes to
+                    recovery.ticks.update(begin.ticks)
                     applied = True
                     recovery.checkpoints_seen += 1
                     recovery.last_checkpoint = (number, jobs)

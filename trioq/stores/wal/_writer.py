@@ -180,9 +180,10 @@ class LogWriter:
     ``export`` returns the fields of one ENTRY record (``_records.Row``) per
     job of the table at the moment it is called (a checkpoint); ``live`` returns how many jobs
     that would be, cheaply (to decide whether a checkpoint pays); ``paused`` the names of the
-    paused queues, sorted, and ``rates`` each rate-limited key's ``(key, tat)``, sorted, which
-    the checkpoint's BEGIN carries (called right after ``export``, with no await between:
-    all three are the table of one moment).
+    paused queues, sorted, and ``rates`` each rate-limited key's ``(key, tat)``, sorted, and
+    ``ticks`` each cron schedule's ``(name, last tick)``, sorted, which the checkpoint's BEGIN
+    carries (called right after ``export``, with no await between: all are the store of one
+    moment).
     """
 
     def __init__(
@@ -198,6 +199,7 @@ class LogWriter:
         last_batch: int = 0,
         paused: Callable[[], Sequence[str]] = tuple,
         rates: Callable[[], Sequence[tuple[str, float]]] = tuple,
+        ticks: Callable[[], Sequence[tuple[str, float]]] = tuple,
     ) -> None:
         self.directory = directory
         self.fsync = fsync
@@ -206,6 +208,7 @@ class LogWriter:
         self._live = live
         self._paused = paused
         self._rates = rates
+        self._ticks = ticks
         self._pending: list[bytes] = []
         #: Whether every pending record is lazy (nobody waits for them yet),
         #: and since when some have been waiting.
@@ -617,7 +620,7 @@ class LogWriter:
             await self._io(self._start_segment, self._segment + 1, b"")
             return False
         entries = self._export()
-        paused, rates = tuple(self._paused()), tuple(self._rates())
+        paused, rates, ticks = tuple(self._paused()), tuple(self._rates()), tuple(self._ticks())
         # Everything pending now was applied to the table before export():
         # the checkpoint holds it, so those records need not be written again.
         stolen, batch = self._pending, self._batch
@@ -626,7 +629,7 @@ class LogWriter:
         self._inflight = batch
         self._batch_no += 1
         # ENTRY rows are the table's export() tuples, in _records.Row's field order.
-        frames = [frame_record(CheckpointBegin(len(entries), paused, rates))]
+        frames = [frame_record(CheckpointBegin(len(entries), paused, rates, ticks))]
         frames.extend(frame(ENTRY, fields) for fields in entries)
         frames.append(frame_record(CheckpointEnd(len(entries))))
         body = b"".join(frames)

@@ -116,6 +116,7 @@ class WALStore(TableStore):
             else:
                 recovery = await trio.to_thread.run_sync(replay, self.path, table)
             self.recovery = recovery
+            self._ticks = dict(recovery.ticks)  # the cron schedules' marks (see table/cron.py)
             table.max_retained = config.max_retained
             table.on_overflow_drop = self._drops.append
             self._attach(table, config)
@@ -163,6 +164,7 @@ class WALStore(TableStore):
             live=live,
             paused=self._paused_queues,
             rates=self._rates,
+            ticks=self._tick_marks,
         )
 
     def _record(self, kind: int, fields: tuple[Any, ...], *, lazy: bool = False) -> int:
