@@ -1,19 +1,33 @@
-"""Task registration: which functions handle which job names, and how."""
+"""Task registration: which functions handle which job names, and how; cron schedules of jobs."""
 
 from __future__ import annotations
 
+import datetime
 import inspect
+import zoneinfo
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
+import msgspec
 import trio
+from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
 from . import _validate as validate
-from ._model import DEFAULT_QUEUE, Adaptive, Backoff, InvalidJob, Limit, UnknownTask, name_problem
+from ._model import (
+    DEFAULT_QUEUE,
+    Adaptive,
+    Backoff,
+    InvalidJob,
+    Limit,
+    UnknownTask,
+    check_json,
+    label_problem,
+    name_problem,
+)
 from .policies.limits import LimitBook, check_templates
 
-__all__ = ["Registry", "TaskDef", "TaskKind"]
+__all__ = ["CronSpec", "Registry", "TaskDef", "TaskKind", "tick_key"]
 
 TaskKind = Literal["async", "thread", "process"]
 _KINDS = ("async", "thread", "process")
@@ -91,6 +105,88 @@ def _describe(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], b
     return frozenset(names), frozenset(required), takes_any
 
 
+def tick_key(name: str, tick: float) -> str:
+    """The idempotency key of the job of cron schedule ``name``'s tick at wall time ``tick``:
+    ``"cron:<name>:<tick as UTC ISO 8601, to the second>"``, e.g. ``"cron:noop:2026-01-01T00:05:00Z"``."""
+    at = datetime.datetime.fromtimestamp(tick, datetime.UTC)
+    return f"cron:{name}:{at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+@attrs.frozen
+class CronSpec:
+    """One cron schedule of a registry (see :meth:`Registry.cron`): a job of ``task`` with
+    ``payload`` at every tick of ``schedule`` (croniter syntax) in the time zone ``tz``.
+
+    ``name`` identifies the schedule in the store (its last tick is recorded under it). Times are
+    wall-clock seconds since the epoch, as a :class:`~trioq.Job`'s ``run_at`` is.
+    """
+
+    schedule: str
+    task: str
+    payload: dict[str, Any]
+    name: str
+    tz: str = "UTC"
+
+    def _iter(self, at: float) -> Any:
+        return croniter(self.schedule, datetime.datetime.fromtimestamp(at, zoneinfo.ZoneInfo(self.tz)))
+
+    def next_tick(self, after: float) -> float:
+        """The schedule's first tick strictly after wall time ``after``."""
+        return float(self._iter(after).get_next(float))
+
+    def last_tick(self, at: float) -> float:
+        """The schedule's latest tick at or before wall time ``at`` (``at`` itself when it is a tick)."""
+        ticks = self._iter(at)
+        ticks.get_next(float)  # the first tick after at; the one before it is at or before at
+        return float(ticks.get_prev(float))
+
+
+def _cron_spec(schedule: object, task: object, payload: object, name: object, tz: object) -> CronSpec:
+    """:meth:`Registry.cron`'s arguments checked, as a :class:`CronSpec`; else ``ValueError`` (``TypeError``
+    for a schedule, task or tz that is not a string)."""
+    if not isinstance(schedule, str):
+        raise TypeError(f"a cron schedule must be a string such as '*/5 * * * *', got {type(schedule).__name__}")
+    if not isinstance(task, str) or not task:
+        raise TypeError(f"cron task must be a task name (a non-empty string), got {task!r:.60}")
+    if not isinstance(tz, str):
+        raise TypeError(f"tz must be the name of a time zone (such as 'UTC' or 'Europe/Paris'), got {tz!r:.60}")
+    try:
+        zone = zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"tz {tz!r:.60} is no time zone zoneinfo knows; use an IANA name such as 'UTC' or 'Europe/Paris'"
+        ) from None
+    shown = f"cron schedule {schedule!r:.80}"
+    try:
+        valid = croniter.is_valid(schedule)
+        if valid:  # a valid expression may still never fire (February 30th): find its next tick
+            croniter(schedule, datetime.datetime.now(zone)).get_next(float)
+    except (CroniterError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{shown} never fires: {exc}") from None
+    if not valid:
+        raise ValueError(
+            f"{shown} is not valid cron syntax: five fields (minute hour day-of-month month day-of-week), "
+            "as in '*/5 * * * *' or '0 3 * * mon', an optional sixth of seconds, or an alias such as '@hourly'"
+        )
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, dict):
+        raise ValueError(f"cron payload must be a dict (or None), got {type(payload).__name__}")
+    try:
+        check_json(payload, what="payload")
+        # A copy the caller cannot change behind the schedule's back; fails as a store would.
+        copied: dict[str, Any] = msgspec.msgpack.decode(msgspec.msgpack.encode(payload))
+    except (InvalidJob, TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"cron payload for task {task!r:.60} cannot be stored: {exc}") from None
+    cron_name = task if name is None else name
+    problem = label_problem(cron_name)
+    if problem is not None:
+        source = f"the default name (the task's, {task!r:.60})" if name is None else f"cron name {name!r:.60}"
+        raise ValueError(f"{source} cannot name a schedule: {problem}; pass name=... (a short label)")
+    assert isinstance(cron_name, str)
+    return CronSpec(schedule=schedule, task=task, payload=copied, name=str.__str__(cron_name), tz=tz)
+
+
 class Registry:
     """A set of task handlers, keyed by name.
 
@@ -114,6 +210,7 @@ class Registry:
         self._tasks: dict[str, TaskDef] = {}
         #: The limits declared with :meth:`limit`.
         self.limits = LimitBook()
+        self._crons: dict[str, CronSpec] = {}
 
     def limit(
         self,
@@ -141,6 +238,76 @@ class Registry:
         for a bad or duplicate declaration.
         """
         return self.limits.declare(key, max=max, rate=rate, per=per, burst=burst)
+
+    def cron(
+        self,
+        schedule: str,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+    ) -> CronSpec:
+        """Enqueue a job of ``task`` with ``payload`` at every tick of the cron ``schedule``, once per
+        store however many nodes run (``registry.cron("*/5 * * * *", "noop", payload={})``).
+
+        ``schedule``: croniter syntax, five fields (minute, hour, day of month, month, day of
+        week), an optional sixth of seconds, or an alias such as ``"@hourly"``; read in the time
+        zone ``tz`` (an IANA name, ``"UTC"`` by default; daylight saving time as croniter
+        handles it). ``name`` identifies the schedule in the store, which records the last tick
+        enqueued under it; it defaults to the task's name, so a second schedule of one task
+        needs a ``name`` of its own (``ValueError`` otherwise), and renaming a schedule starts
+        it afresh. The task need not be registered yet: :func:`~trioq.open_queue` refuses a
+        registry whose crons name a task it does not know, or whose payload the task does not
+        take.
+
+        Ticks are enqueued by the queue that leads the store (any in-process store's queue; on
+        PostgreSQL, the leader node), each job with idempotency key
+        ``"cron:<name>:<tick, UTC ISO 8601>"``. The first session of a store that knows a
+        schedule records the time it opened as a baseline: the first job is for the first tick
+        after it, never for ticks before. After downtime (no queue open, or the store out of
+        reach), the latest tick missed runs once, not once per missed tick.
+
+        Raises ``ValueError`` for a schedule that is not valid (or never fires), an unknown
+        time zone, a payload that is not a JSON dict a store can hold, a name that is not a
+        label (:func:`~trioq._model.label_problem`), or a name taken by another schedule; and
+        ``TypeError`` for a schedule, task or tz that is not a string. Returns the schedule.
+        """
+        spec = _cron_spec(schedule, task, payload, name, tz)
+        if spec.name in self._crons:
+            taken = self._crons[spec.name]
+            hint = (
+                f"pass name=... to tell a second schedule of task {task!r} from the first"
+                if name is None
+                else "give each schedule its own name"
+            )
+            raise ValueError(
+                f"a cron schedule named {spec.name!r} is already declared ({taken.schedule!r} for task "
+                f"{taken.task!r}); {hint}"
+            )
+        self._crons[spec.name] = spec
+        return spec
+
+    @property
+    def crons(self) -> tuple[CronSpec, ...]:
+        """The cron schedules declared with :meth:`cron`, by name."""
+        return tuple(self._crons[name] for name in sorted(self._crons))
+
+    def check_crons(self) -> None:
+        """Raise ``ValueError`` naming the schedule if a cron's task is not registered, or its payload
+        does not bind to the task's handler (``open_queue`` calls this before it opens the store)."""
+        for spec in self.crons:
+            definition = self._tasks.get(spec.task)
+            if definition is None:
+                known = ", ".join(sorted(self._tasks)) or "none"
+                raise ValueError(
+                    f"cron schedule {spec.name!r} ({spec.schedule!r}) enqueues task {spec.task!r}, which this "
+                    f"registry does not know (known: {known}); register the task, or fix the cron's task name"
+                )
+            try:
+                definition.check_payload(spec.payload)
+            except InvalidJob as exc:
+                raise ValueError(f"cron schedule {spec.name!r}: its payload does not fit: {exc}") from None
 
     @overload
     def task(self, fn: F, /) -> F: ...
@@ -282,15 +449,20 @@ class Registry:
         return definition
 
     def include(self, other: Registry) -> None:
-        """Add every task and limit of ``other``; a name or key in both raises ``ValueError`` (nothing added)."""
+        """Add every task, limit and cron schedule of ``other``; a name or key in both raises ``ValueError``
+        (nothing added)."""
         clash = self._tasks.keys() & other._tasks.keys()
         if clash:
             raise ValueError(f"task name(s) {sorted(clash)} are registered in both registries")
+        crons = self._crons.keys() & other._crons.keys()
+        if crons:
+            raise ValueError(f"cron schedule(s) {sorted(crons)} are declared in both registries; name them apart")
         twice = {limit.key for limit in self.limits} & {limit.key for limit in other.limits}
         if twice:
             raise ValueError(f"limit(s) {sorted(twice)} are declared in both registries")
         self.limits.include(other.limits)
         self._tasks.update(other._tasks)
+        self._crons.update(other._crons)
 
     def __getitem__(self, name: str) -> TaskDef:
         try:

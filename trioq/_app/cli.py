@@ -1,4 +1,5 @@
-"""The ``trioq`` command: ``serve``, ``worker``, ``loadgen``, ``demo``, ``wal verify|inspect`` and ``pg migrate``."""
+"""The ``trioq`` command: ``serve``, ``worker``, ``loadgen``, ``demo``, ``wal verify|inspect``, ``pg migrate``
+and ``cron list``."""
 
 from __future__ import annotations
 
@@ -120,6 +121,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also build the index fair claims read (otherwise the first node opened with fairness does)",
     )
+    cron = commands.add_parser("cron", help="cron schedules").add_subparsers(dest="cron_command", required=True)
+    listing = cron.add_parser("list", help="each cron schedule of a registry with its next run (and last tick)")
+    listing.add_argument("--app", required=True, metavar="MOD:REGISTRY", help="the trioq.Registry declaring them")
+    where = listing.add_mutually_exclusive_group()
+    where.add_argument("--postgres", metavar="DSN", help="read the last ticks from this PostgreSQL queue")
+    where.add_argument("--wal", metavar="DIR", help="read the last ticks from this WAL directory (read-only)")
+    listing.add_argument("--schema", default="trioq", help="with --postgres: the queue's schema (default trioq)")
+    listing.add_argument("--json", action="store_true", help="print a JSON list, as stats()['cron'] shows them")
     return parser
 
 
@@ -178,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         from .pgcli import migrate_command
 
         return migrate_command(args.dsn, args.schema, fairness=args.fairness)
+    if args.command == "cron":
+        from .croncli import list_command
+
+        return list_command(args.app, wal=args.wal, postgres=args.postgres, schema=args.schema, as_json=args.json)
     if args.command == "demo":
         from .demo import demo
 

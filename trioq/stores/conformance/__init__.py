@@ -42,8 +42,10 @@ from __future__ import annotations
 
 from ..._exports import show_as_public
 from ._cases_admin import CancelCases, EvictCases, PromoteCases, RescueCases, RetryCases, ViewCases
+from ._cases_cron import CronCases
 from ._cases_defer import DeferCases
 from ._cases_fair import FairnessCases
+from ._cases_flows import FlowCases
 from ._cases_jobs import AddCases, ClaimCases, CompleteCases, ExtendCases
 from ._cases_limits import LimitCases
 from ._cases_model import ModelCases
@@ -59,6 +61,8 @@ class StoreConformance(
     # pytest collects inherited cases base class first (reverse MRO): this
     # order runs them from add to the model-based run.
     ModelCases,
+    CronCases,
+    FlowCases,
     FairnessCases,
     DeferCases,
     LimitInvariantCases,
