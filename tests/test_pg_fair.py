@@ -149,7 +149,7 @@ def test_a_version_2_schema_is_upgraded_to_3(pg_dsn: str) -> None:
         versions = [row[0] for row in conn.execute(f"SELECT version FROM {schema}.migrations ORDER BY version")]
         indexes = {row[0] for row in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         tables = {row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
-    assert versions == list(range(1, SCHEMA_VERSION + 1)) == [1, 2, 3]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
     assert {"jobs_tenant_ready", "jobs_deferred", "jobs_deferred_tenant", "jobs_deadline"} <= indexes
     assert {"fair_tags", "fair_clock"} <= tables
 

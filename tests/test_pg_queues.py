@@ -103,7 +103,7 @@ def test_a_version_1_schema_is_upgraded_in_place_keeping_its_jobs(pg_dsn: str) -
         refused = trioq.PostgresStore(pg_dsn, schema=schema, migrate=False)
 
     async def run() -> None:
-        with pytest.raises(RuntimeError, match="at version 1, this trioq needs 3"):
+        with pytest.raises(RuntimeError, match=f"at version 1, this trioq needs {SCHEMA_VERSION}"):
             async with refused.session(StoreConfig(clock=Clock())):
                 pass  # pragma: no cover - the session refuses to open
         async with _node(pg_dsn, schema, Clock(), "a") as store:
@@ -120,7 +120,7 @@ def test_a_version_1_schema_is_upgraded_in_place_keeping_its_jobs(pg_dsn: str) -
         versions = [row[0] for row in conn.execute(f"SELECT version FROM {schema}.migrations ORDER BY version")]
         indexes = {row[0] for row in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         assert migrate(conn, schema) == (SCHEMA_VERSION, SCHEMA_VERSION)  # nothing left to do
-    assert versions == [1, 2, 3] == list(range(1, SCHEMA_VERSION + 1))
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
     assert {"jobs_ready", "jobs_queue_ready", "jobs_deadline", "paused_pkey"} <= indexes
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._model import InvalidJob, Job
+from ..._model import InvalidJob, Job, JobState
 from .._base import CancelResult
+from . import _flows
 from ._rows import COLUMNS, job_from_row
 from ._sql import TERMINAL as _TERMINAL
 from ._sql import cursor as _cur
@@ -33,6 +34,7 @@ def cancel(
     *,
     retried: bool = False,
     freed: set[str] | None = None,
+    settled: _flows.Settled | None = None,
 ) -> tuple[CancelResult, int | None]:
     """Cancel a job not yet terminal: ``(result, epoch of the attempt stopped or None)``.
 
@@ -40,14 +42,19 @@ def cancel(
     node in the same transaction, so the node running it stops the attempt;
     every cancel is announced as a finish (``f|node|job_id``). The cancelled
     row keeps the node that ran it (``node``), so a retried call can tell. ``freed`` gets the limit keys
-    of the attempt stopped.
+    of the attempt stopped. A parent's waiting children are cancelled with it, and theirs
+    (:func:`._flows.cascade`; ``settled`` gets their ids).
     """
     with conn.transaction(), _cur(conn) as cur:
-        _run(cur, f"SELECT state, epoch, node, changed_at, limits FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        _run(
+            cur,
+            f"SELECT state, epoch, node, changed_at, limits, has_children FROM {s}.jobs WHERE id = %s FOR UPDATE",
+            (job_id,),
+        )
         found = cur.fetchone()
         if found is None:
             raise _not_found(job_id)
-        state, epoch, ran_on, changed_at, keys = found
+        state, epoch, ran_on, changed_at, keys, has_children = found
         _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))
         if state in _TERMINAL:
             mine = retried and state == "cancelled" and changed_at == now
@@ -63,7 +70,8 @@ def cancel(
         _run(
             cur,
             f"UPDATE {s}.jobs SET state = 'cancelled', finished_at = %s, finish_seq = nextval('{s}.finish_seq'),"
-            f" changed_at = %s, node = CASE WHEN state = 'running' THEN node END WHERE id = %s RETURNING {COLUMNS}",
+            f" changed_at = %s, node = CASE WHEN state = 'running' THEN node END, unmet = NULL WHERE id = %s"
+            f" RETURNING {COLUMNS}",
             (now, now, job_id),
         )
         job = job_from_row(_row(cur))
@@ -73,33 +81,62 @@ def cancel(
         _run(
             cur, "SELECT " + ", ".join("pg_notify(%s, %s)" for _ in notices), [v for n in notices for v in (channel, n)]
         )
+        if has_children:
+            moved = _flows.settle(cur, s, now, channel, node, (), [(job_id, "cancelled")])
+            if settled is not None:
+                settled += moved
     return CancelResult(job, True), running
 
 
 def retry(conn: Any, s: str, job_id: str, now: float, notify: tuple[str, str], *, retried: bool = False) -> Job:
     """Send a dead or cancelled job back to ready, its attempts and snoozes reset and its deadline gone
-    (an operator asked for it to run, however late)."""
+    (an operator asked for it to run, however late); ``notify`` is sent if it is ready.
+
+    A job with parents (``NewJob.after``) is refused (:class:`~trioq.InvalidJob`, ``field="after"``)
+    while one of them is dead or cancelled, and goes ``waiting`` while one has not succeeded (its
+    parents are locked first, as an add locks them: see ``_flows``). A parent's children cancelled
+    because it ended wait again (:func:`._flows.revive`), in the same transaction.
+    """
     with conn.transaction(), _cur(conn) as cur:
-        _run(cur, f"SELECT state, changed_at, attempts FROM {s}.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        _run(cur, f"SELECT parents FROM {s}.jobs WHERE id = %s", (job_id,))
+        first = cur.fetchone()
+        parents = list(first[0] or ()) if first is not None else []
+        states = _flows.lock_parents(cur, s, parents, mark=False)
+        _run(
+            cur,
+            f"SELECT state, changed_at, attempts, has_children FROM {s}.jobs WHERE id = %s FOR UPDATE",
+            (job_id,),
+        )
         found = cur.fetchone()
         if found is None:
             raise _not_found(job_id)
-        state, changed_at, attempts = found
-        if retried and state == "ready" and changed_at == now and attempts == 0:
+        state, changed_at, attempts, has_children = found
+        if retried and state in ("ready", "waiting") and changed_at == now and attempts == 0:
             return job_from_row(_row(_run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE id = %s", (job_id,))))
         if state not in ("dead", "cancelled"):
             raise InvalidJob(f"job {job_id!r} is {state}; only dead or cancelled jobs can be retried", field="state")
+        blocker = next((p for p in parents if states.get(p) in ("dead", "cancelled")), None)
+        if blocker is not None:
+            raise InvalidJob(
+                f"job {job_id!r} waits for parent {blocker}, which is {states[blocker]}; "
+                f"retry {blocker} first (its cancelled children then wait again)",
+                field="after",
+            )
+        unmet = sum(1 for p in parents if p in states and states[p] != "succeeded")
         _run(
             cur,
-            f"UPDATE {s}.jobs SET state = 'ready', attempts = 0, snoozes = 0, finished_at = NULL,"
-            f" finish_seq = NULL, result = NULL, run_at = %s, changed_at = %s, node = NULL, deadline = NULL,"
-            " parked = NULL, parked_key = NULL"
+            f"UPDATE {s}.jobs SET state = %s, unmet = %s, cancelled_by = NULL, attempts = 0,"
+            " snoozes = 0, finished_at = NULL, finish_seq = NULL, result = NULL, run_at = %s, changed_at = %s,"
+            " node = NULL, deadline = NULL, parked = NULL, parked_key = NULL"
             " WHERE id = %s"
             f" RETURNING {COLUMNS}",
-            (now, now, job_id),
+            ("waiting" if unmet else "ready", unmet or None, now, now, job_id),
         )
         job = job_from_row(_row(cur))
-        _run(cur, "SELECT pg_notify(%s, %s)", notify)
+        if job.state is JobState.READY:
+            _run(cur, "SELECT pg_notify(%s, %s)", notify)
+        if has_children:
+            _flows.revive(cur, s, now, job_id)
     return job
 
 

@@ -22,10 +22,10 @@ __all__ = ["COLUMNS", "WIDTH", "encode_payload", "encode_result", "job_from_row"
 #: The select list every snapshot is read with, in :func:`job_from_row`'s order.
 COLUMNS = (
     "id, task, payload::text, state, attempts, epoch, priority, key, max_attempts, run_at, created_at,"
-    " finished_at, result::text, error, errors::text, queue, tenant, deadline, limits"
+    " finished_at, result::text, error, errors::text, queue, tenant, deadline, limits, parents"
 )
 #: How many columns :data:`COLUMNS` selects: a statement that selects more after them finds them from here on.
-WIDTH = 19
+WIDTH = 20
 
 _STATES = {state.value: state for state in JobState}
 #: The longest JSON text a column takes: PostgreSQL's 1 GB field limit, less room for the row.
@@ -57,6 +57,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         row[16],
         row[17],
         tuple(row[18]) if row[18] else (),
+        tuple(row[19]) if row[19] else (),
     )
 
 

@@ -167,6 +167,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "   ORDER BY j.queue, coalesce(j.tenant, ''), j.priority DESC, j.run_at, j.seq LIMIT 1) x"
         " WHERE t.tenant IS NOT NULL $$",
     ),
+    (
+        # Flows (NewJob.after; the SQL is _flows'): a job with parents not all succeeded is 'waiting'. Each
+        # column is added without a default (no rewrite), so that a job with no parents keeps them NULL and
+        # COPY never names them. ``parents``: its parents' ids, in order; ``unmet``: while it waits, how many
+        # have not succeeded; ``cancelled_by``: the parent whose end cancelled it (a retry of that parent
+        # revives it); ``has_children``: true once some job names it as a parent, written under the parent's
+        # row lock by the child's add, so that a completion that locks the parent reads whether it must look
+        # for children (a job without any is completed in one statement, as before).
+        "ALTER TABLE {s}.jobs DROP CONSTRAINT jobs_state_check",
+        "ALTER TABLE {s}.jobs ADD CONSTRAINT jobs_state_check CHECK (state IN"
+        " ('scheduled', 'ready', 'running', 'succeeded', 'dead', 'cancelled', 'deferred', 'waiting')) NOT VALID",
+        "ALTER TABLE {s}.jobs ADD COLUMN parents text[]",
+        "ALTER TABLE {s}.jobs ADD COLUMN unmet integer",
+        "ALTER TABLE {s}.jobs ADD COLUMN cancelled_by text",
+        "ALTER TABLE {s}.jobs ADD COLUMN has_children boolean",
+        # Parent -> child, for each parent that had not succeeded when the child was added (one that had
+        # never moves it again): a parent's end finds its children by the primary key. Dropped with the parent.
+        "CREATE TABLE {s}.flow_edges (parent text NOT NULL, child text NOT NULL, PRIMARY KEY (parent, child))",
+        # has_pending's probe of waiting jobs; empty while nobody uses flows.
+        "CREATE INDEX jobs_waiting ON {s}.jobs (seq) WHERE state = 'waiting'",
+        # A waiting job's deadline runs as a ready one's does.
+        "DROP INDEX {s}.jobs_deadline",
+        "CREATE INDEX jobs_deadline ON {s}.jobs (deadline)"
+        " WHERE deadline IS NOT NULL AND epoch = 0 AND state IN ('ready', 'scheduled', 'deferred', 'waiting')",
+    ),
+    (
+        # Cron (Registry.cron; the SQL is _cron's): each schedule's last tick (or baseline), wall clock. A tick's
+        # job is inserted in the transaction that moves its row forward, so a tick is enqueued once.
+        "CREATE TABLE {s}.cron_ticks (name text PRIMARY KEY, tick double precision NOT NULL)",
+    ),
 )
 
 #: The version a store of this trioq expects.

@@ -47,7 +47,7 @@ from ..._model import (
     storable_text,
 )
 from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded, no_limits
-from . import _fair, _limits
+from . import _fair, _flows, _limits
 from ._admin import cancel, pause, paused, resume, retry
 from ._rows import COLUMNS, WIDTH, encode_errors, encode_limits, encode_result, job_from_row, loads
 from ._sql import NOTIFY_IDS as _NOTIFY_IDS
@@ -281,9 +281,9 @@ def _holders(
 #: A job the claim may take as far as its deadline goes (``j`` is the jobs table): none, started once
 #: already, or still ahead of ``now``.
 _LIVE = "(j.deadline IS NULL OR j.epoch > 0 OR j.deadline > %(now)s)"
-#: The jobs whose deadline still applies: never claimed, ready or scheduled (``jobs_deadline``'s predicate,
+#: The jobs whose deadline still applies: never claimed, not started (``jobs_deadline``'s predicate,
 #: word for word, so that the planner can tell the index covers them).
-_PENDING_DEADLINE = "deadline IS NOT NULL AND epoch = 0 AND state IN ('ready', 'scheduled', 'deferred')"
+_PENDING_DEADLINE = "deadline IS NOT NULL AND epoch = 0 AND state IN ('ready', 'scheduled', 'deferred', 'waiting')"
 #: The distinct queues of ready jobs, each found by one probe of ``jobs_queue_ready`` (a loose index scan):
 #: a queue's backlog is stepped over, not read.
 _READY_QUEUES = (
@@ -508,6 +508,7 @@ def complete(
     *,
     retried: bool = False,
     freed: set[str] | None = None,
+    settled: _flows.Settled | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float]]:
     """Apply ``outcomes`` in order; ``(states, ids of the jobs finished, run_at of each job scheduled again)``.
 
@@ -515,7 +516,10 @@ def complete(
     locks its jobs' rows (in id order), applies each outcome as the in-process
     table would, and writes the rows back. Both announce the jobs they
     finished to every node (``f|node|ids``) as they commit. ``freed`` gets the limit keys of the
-    attempts that ended (their slots are free: see :func:`_limits.unpark`).
+    attempts that ended (their slots are free: see :func:`_limits.unpark`). A job that is a parent
+    (``has_children``) is completed by the second way, whose transaction also moves its children
+    (:func:`._flows.settle`; ``settled`` gets what it did, and the ids it cancelled are among the
+    jobs finished).
     """
     if len(outcomes) > MAX_BATCH:  # bounded statements: one slow batch must not grow the next
         states: list[JobState | None] = []
@@ -523,8 +527,9 @@ def complete(
         scheduled: list[float] = []
         for start in range(0, len(outcomes), MAX_BATCH):
             part = complete(
-                conn, s, outcomes[start : start + MAX_BATCH], now, channel, node, retried=retried, freed=freed
-            )
+                conn, s, outcomes[start : start + MAX_BATCH], now, channel, node, retried=retried, freed=freed,
+                settled=settled,
+            )  # fmt: skip
             states += part[0]
             finished += part[1]
             scheduled += part[2]
@@ -533,17 +538,28 @@ def complete(
     if not retried and all(type(o) is Succeeded for o in outcomes) and len(set(ids)) == len(ids):
         fast = _succeed_all(conn, s, outcomes, now, channel, node, freed)  # type: ignore[arg-type]
         if fast is not None:
-            return fast
-    return _apply_all(conn, s, outcomes, now, channel, node, retried, freed)
+            states, finished, scheduled, parents = fast
+            if not parents:
+                return states, finished, scheduled
+            # The parents among them were left running: completed with their children's moves.
+            rest = [outcomes[i] for i in parents]
+            more = _apply_all(conn, s, rest, now, channel, node, False, freed, settled)
+            for i, state in zip(parents, more[0], strict=True):
+                states[i] = state
+            return states, finished + more[1], scheduled + more[2]
+    return _apply_all(conn, s, outcomes, now, channel, node, retried, freed, settled)
 
 
 def _succeed_all(
     conn: Any, s: str, outcomes: Sequence[Succeeded], now: float, channel: str, node: str, freed: set[str] | None
-) -> tuple[list[JobState | None], list[str], list[float]] | None:
+) -> tuple[list[JobState | None], list[str], list[float], list[int]] | None:
     """Succeed distinct jobs in one statement; ``None`` when a result is unstorable (the general path fails it).
 
     Rows are locked in id order first; finish order (what retention evicts by)
-    is the outcomes' order.
+    is the outcomes' order. A job whose locked row says it is a parent (``has_children``) is left
+    running: the last item is the indexes of those outcomes, for the caller to complete by the general
+    path, which moves the children in the same transaction (the row as locked is the one an add of a
+    child wrote, see ``_flows``).
     """
     results: list[str | None] = []
     for o in outcomes:
@@ -558,16 +574,17 @@ def _succeed_all(
             "   AS u(id, epoch, result, ord)),"
             # Lock the attempts' rows, in id order; what this finds is what the update changes (a
             # semi-join of the batch against this CTE had no index: quadratic in the batch).
-            f" lk AS (SELECT j.id, u.result, u.ord FROM {s}.jobs j JOIN u ON j.id = u.id AND j.epoch = u.epoch"
-            "   WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j),"
+            f" lk AS (SELECT j.id, u.result, u.ord, j.has_children FROM {s}.jobs j JOIN u ON j.id = u.id"
+            "   AND j.epoch = u.epoch WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j),"
             f" s AS (SELECT o.id, o.result, o.ord, nextval('{s}.finish_seq') AS fseq"
-            "   FROM (SELECT * FROM lk ORDER BY ord) o),"
+            "   FROM (SELECT * FROM lk WHERE has_children IS NULL ORDER BY ord) o),"
             f" done AS (UPDATE {s}.jobs j SET state = 'succeeded', attempts = j.attempts + 1,"
             "   result = s.result::json, error = NULL, finished_at = %s, finish_seq = s.fseq, node = NULL,"
             "   changed_at = %s"
             "   FROM s WHERE j.id = s.id RETURNING s.ord, j.id, j.limits)"
             f" SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done')},"
-            " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) k)",
+            " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) k),"
+            " ARRAY(SELECT ord FROM lk WHERE has_children ORDER BY ord)",
             ([o.job_id for o in outcomes], [o.epoch for o in outcomes], results, now, now, channel, f"f|{node}|"),
         )
         row = _row(cur)
@@ -575,12 +592,12 @@ def _succeed_all(
     if freed is not None:
         freed.update(row[2])
     states: list[JobState | None] = [JobState.SUCCEEDED if i + 1 in done else None for i in range(len(outcomes))]
-    return states, [outcomes[i - 1].job_id for i in sorted(done)], []
+    return states, [outcomes[i - 1].job_id for i in sorted(done)], [], [i - 1 for i in row[3]]
 
 
 _ROW = (
     "id, state, epoch, attempts, max_attempts, errors::text, snoozes, run_at, finished_at, result::text, error,"
-    " changed_at, limits"
+    " changed_at, limits, has_children"
 )
 
 
@@ -593,6 +610,7 @@ def _apply_all(
     node: str,
     retried: bool,
     freed: set[str] | None = None,
+    settled: _flows.Settled | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float]]:
     ids = sorted({o.job_id for o in outcomes})
     states: list[JobState | None] = []
@@ -606,7 +624,7 @@ def _apply_all(
                 "state": r[1], "epoch": r[2], "attempts": r[3], "max_attempts": r[4],
                 "errors": [] if r[5] is None else loads(r[5]), "snoozes": r[6], "run_at": r[7],
                 "finished_at": r[8], "result": r[9], "error": r[10], "changed_at": r[11], "changed": False,
-                "limits": r[12],
+                "limits": r[12], "parent": r[13],
             }  # fmt: skip
         for outcome in outcomes:
             row = rows.get(outcome.job_id)
@@ -638,6 +656,15 @@ def _apply_all(
         if finished:
             text = ",".join(finished)
             _run(cur, "SELECT pg_notify(%s, %s)", (channel, f"f|{node}|{text if len(text) <= _NOTIFY_IDS else '*'}"))
+            ended = [(job_id, rows[job_id]["state"]) for job_id in finished if rows[job_id]["parent"]]
+            if ended:  # parents: their children move in this transaction (see _flows)
+                done = _flows.settle(
+                    cur, s, now, channel, node, [p for p, st in ended if st == "succeeded"],
+                    [(p, st) for p, st in ended if st != "succeeded"],
+                )  # fmt: skip
+                finished += done.cancelled
+                if settled is not None:
+                    settled += done
     return states, finished, scheduled
 
 
@@ -747,16 +774,21 @@ def evict(conn: Any, s: str, cutoff: float, max_retained: int, batch: int = 1000
             if retained is None:  # once per call: each batch takes its own off (a retry meanwhile: one more)
                 _run(cur, f"SELECT count(*) FROM {s}.jobs WHERE finish_seq IS NOT NULL")
                 retained = _one(cur)
-            _run(cur, f"SELECT id, finished_at FROM {s}.jobs WHERE finish_seq IS NOT NULL ORDER BY finish_seq"
-                      f" LIMIT {int(batch)} FOR UPDATE SKIP LOCKED")  # fmt: skip
+            _run(cur, f"SELECT id, finished_at, has_children FROM {s}.jobs WHERE finish_seq IS NOT NULL"
+                      f" ORDER BY finish_seq LIMIT {int(batch)} FOR UPDATE SKIP LOCKED")  # fmt: skip
             oldest = cur.fetchall()
             gone: list[str] = []
-            for job_id, finished_at in oldest:
+            parents: list[str] = []
+            for job_id, finished_at, has_children in oldest:
                 if retained - len(gone) <= max_retained and finished_at > cutoff:
                     break
                 gone.append(job_id)
+                if has_children:
+                    parents.append(job_id)
             if gone:
                 _run(cur, f"DELETE FROM {s}.jobs WHERE id = ANY(%s)", (gone,))
+            if parents:  # a parent gone moves nobody again (a child names it still, as a met parent)
+                _run(cur, f"DELETE FROM {s}.flow_edges WHERE parent = ANY(%s)", (parents,))
         evicted += len(gone)
         retained -= len(gone)
         if len(gone) < len(oldest) or len(oldest) < batch:
@@ -790,7 +822,15 @@ class Promoted:
 
 
 def promote(
-    conn: Any, s: str, now: float, channel: str, node: str, batch: int = 1000, *, freed: set[str] | None = None
+    conn: Any,
+    s: str,
+    now: float,
+    channel: str,
+    node: str,
+    batch: int = 1000,
+    *,
+    freed: set[str] | None = None,
+    settled: _flows.Settled | None = None,
 ) -> Promoted:
     """Cancel never-claimed jobs whose deadline is at or before ``now`` (:func:`expire`), then make due
     scheduled jobs ready.
@@ -804,7 +844,7 @@ def promote(
         expired: list[str] = []
         total = unparked = 0
         if next_deadline is not None and next_deadline <= now:
-            expired = expire(conn, s, now, channel, node, batch, freed=freed)
+            expired = expire(conn, s, now, channel, node, batch, freed=freed, settled=settled)
         if next_unpark is not None and next_unpark <= now:
             while True:  # jobs passed over for a rate whose token is due: claimable again
                 _run(
@@ -850,10 +890,18 @@ def _next_due(cur: Any, s: str) -> tuple[float | None, float | None, list[str], 
 
 
 def expire(
-    conn: Any, s: str, now: float, channel: str, node: str, batch: int = 1000, *, freed: set[str] | None = None
+    conn: Any,
+    s: str,
+    now: float,
+    channel: str,
+    node: str,
+    batch: int = 1000,
+    *,
+    freed: set[str] | None = None,
+    settled: _flows.Settled | None = None,
 ) -> list[str]:
-    """Cancel every never-claimed ready or scheduled job whose deadline is at or before ``now``; their ids,
-    in deadline order.
+    """Cancel every never-claimed job (ready, scheduled, deferred or waiting) whose deadline is at or
+    before ``now``; their ids, in deadline order.
 
     Each is cancelled as :func:`cancel` would (``finished_at``, a finish
     sequence number in deadline order, the ``f|node|ids`` notification as it
@@ -864,7 +912,8 @@ def expire(
     claim that saw the job still in time, a cancel, another node's expiry:
     each decides that job) and re-checking that each is still expirable.
     ``freed`` gets the limit keys of the jobs cancelled: one may have been let go for a slot it now
-    never takes, which the caller passes on (``_limits.unpark``).
+    never takes, which the caller passes on (``_limits.unpark``). A parent cancelled so cancels its
+    waiting children in the same transaction (:func:`._flows.cascade`; ``settled`` gets their ids).
     """
     expired: list[str] = []
     with _cur(conn) as cur:
@@ -878,31 +927,38 @@ def expire(
             due = cur.fetchall()
             if not due:
                 break
-            _run(
-                cur,
-                "WITH u AS (SELECT * FROM unnest(%s::text[], %s::float8[], %s::text[]) WITH ORDINALITY"
-                "   AS u(id, deadline, error, ord)),"
-                f" lk AS (SELECT j.id, u.error, u.ord FROM {s}.jobs j JOIN u ON j.id = u.id"
-                "   AND j.deadline = u.deadline WHERE j.epoch = 0 AND j.state IN ('ready', 'scheduled', 'deferred')"
-                "   ORDER BY j.id FOR UPDATE OF j SKIP LOCKED),"
-                f" s AS (SELECT o.id, o.error, o.ord, nextval('{s}.finish_seq') AS fseq"
-                "   FROM (SELECT * FROM lk ORDER BY ord) o),"
-                f" done AS (UPDATE {s}.jobs j SET state = 'cancelled', finished_at = %s, finish_seq = s.fseq,"
-                "   error = s.error, changed_at = %s, node = NULL FROM s WHERE j.id = s.id"
-                "   RETURNING s.ord, j.id, j.limits)"
-                f" SELECT ARRAY(SELECT id FROM done ORDER BY ord), {_finished_notice('done')},"
-                " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) AS k)",
-                (
-                    [r[0] for r in due],
-                    [r[2] for r in due],
-                    [deadline_error(r[1], r[2]) for r in due],
-                    now,
-                    now,
-                    channel,
-                    f"f|{node}|",
-                ),
-            )
-            row = _row(cur)
+            with conn.transaction():
+                _run(
+                    cur,
+                    "WITH u AS (SELECT * FROM unnest(%s::text[], %s::float8[], %s::text[]) WITH ORDINALITY"
+                    "   AS u(id, deadline, error, ord)),"
+                    f" lk AS (SELECT j.id, u.error, u.ord FROM {s}.jobs j JOIN u ON j.id = u.id"
+                    "   AND j.deadline = u.deadline WHERE j.epoch = 0"
+                    "   AND j.state IN ('ready', 'scheduled', 'deferred', 'waiting')"
+                    "   ORDER BY j.id FOR UPDATE OF j SKIP LOCKED),"
+                    f" s AS (SELECT o.id, o.error, o.ord, nextval('{s}.finish_seq') AS fseq"
+                    "   FROM (SELECT * FROM lk ORDER BY ord) o),"
+                    f" done AS (UPDATE {s}.jobs j SET state = 'cancelled', finished_at = %s, finish_seq = s.fseq,"
+                    "   error = s.error, changed_at = %s, node = NULL, unmet = NULL FROM s WHERE j.id = s.id"
+                    "   RETURNING s.ord, j.id, j.limits, j.has_children)"
+                    f" SELECT ARRAY(SELECT id FROM done ORDER BY ord), {_finished_notice('done')},"
+                    " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) AS k),"
+                    " ARRAY(SELECT id FROM done WHERE has_children ORDER BY id)",
+                    (
+                        [r[0] for r in due],
+                        [r[2] for r in due],
+                        [deadline_error(r[1], r[2]) for r in due],
+                        now,
+                        now,
+                        channel,
+                        f"f|{node}|",
+                    ),
+                )
+                row = _row(cur)
+                if row[3]:  # parents: their waiting children are cancelled with them
+                    moved = _flows.settle(cur, s, now, channel, node, (), [(p, "cancelled") for p in row[3]])
+                    if settled is not None:
+                        settled += moved
             done = row[0]
             if freed is not None:
                 freed.update(row[2])
@@ -1006,7 +1062,8 @@ def counts(conn: Any, s: str) -> dict[str, int]:
 
 
 def has_pending(conn: Any, s: str) -> bool:
-    """Whether any job is ready, scheduled, running or deferred: index probes, whatever the table holds.
+    """Whether any job is ready, scheduled, running, deferred or waiting: index probes, whatever the table
+    holds.
 
     Each probe is a scalar subquery ordered as its partial index is (an ``EXISTS`` would drop the
     order), so that the planner walks the index even when it believes most rows qualify: a
@@ -1020,7 +1077,8 @@ def has_pending(conn: Any, s: str) -> bool:
             f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'ready' AND parked IS NOT NULL ORDER BY parked LIMIT 1)"
             f" IS NOT NULL OR (SELECT 1 FROM {s}.jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1) IS NOT NULL"
             f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'running' ORDER BY node LIMIT 1) IS NOT NULL"
-            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'deferred' AND seq > 0 ORDER BY seq LIMIT 1) IS NOT NULL",
+            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'deferred' AND seq > 0 ORDER BY seq LIMIT 1) IS NOT NULL"
+            f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'waiting' ORDER BY seq LIMIT 1) IS NOT NULL",
         )
         return bool(_row(cur)[0])
 

@@ -34,7 +34,7 @@ from .._base import (
     no_limits,
 )
 from ..table.store import _checked
-from . import _admin, _defer, _limits
+from . import _admin, _cron, _defer, _flows, _limits
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
@@ -475,6 +475,8 @@ class PostgresStore:
         if not rows:
             await trio.lowlevel.checkpoint()
             return []
+        if any(job.after for _, job, _ in rows):
+            return await self._add_flow(rows, max_pending)
         if max_pending is None and self._gatherer is not None:
             # Sent with the other adds waiting meanwhile, in one statement.
             answers = await self._gatherer.call(rows)  # a call's rows go in one statement: one now
@@ -511,6 +513,28 @@ class PostgresStore:
             self._announce(sum(inserted))
         return found, now, states
 
+    async def _add_flow(self, rows: list[_Row], max_pending: int | None) -> list[Job]:
+        """:meth:`add` of a batch with parents (``NewJob.after``), in a transaction of its own (``_flows.add``);
+        other nodes hear of its ready jobs inside it."""
+        config = self._open()
+        now = config.clock()
+        notify = (self.channel, f"r|{config.node}|")
+        out, inserted = await self._call(_flows.add, rows, now, max_pending, config.defer_past, notify, retried=True)
+        ready = 0
+        for job, new in zip(out, inserted, strict=True):
+            if not new:
+                continue
+            if job.state is _READY:
+                ready += 1
+            elif job.state is _SCHEDULED:
+                self._scheduled(job.run_at)
+            if job.deadline is not None and not job.state.terminal:
+                self._deadlines_used = True
+                self._scheduled(job.deadline)  # the timer promotes then, which cancels the job if it has not started
+        if ready:
+            config.on_ready(ready)
+        return out
+
     async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float, str]]:
         """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``."""
         found, now, states = await self._insert(rows, None)
@@ -532,10 +556,17 @@ class PostgresStore:
 
         The jobs and their NOTIFY become visible when the caller commits, and
         never if it rolls back. No ``max_ready`` bound: the caller's
-        transaction decides. Callable from any thread.
+        transaction decides. Callable from any thread. Jobs with parents
+        (``after``) lock their parents' rows until the caller commits: a
+        parent's completion waits for that commit (keep such transactions short).
         """
         config = self._open()
         rows = self._rows(jobs)
+        if any(job.after for _, job, _ in rows):  # parents: locked in the caller's transaction (see _flows)
+            out, _ = _flows.add(conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"))
+            if any(job.deadline is not None for _, job, _ in rows):
+                self._deadlines_used = True
+            return out
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         # Node "": every node hears it, this one included (it commits later, out of our sight).
         notify = (self.channel, f"r||{ready}") if ready else None
@@ -705,18 +736,20 @@ class PostgresStore:
                 raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
             named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
-        states, snapshots, scheduled, unparked = await self._call(
+        states, snapshots, scheduled, unparked, settled = await self._call(
             _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
             retried=True,
         )  # fmt: skip
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY) + unparked
-        for run_at in scheduled:
+        for run_at in (*scheduled, *settled.scheduled):
             self._scheduled(run_at)
         if ready:
             config.on_ready(ready)
             self._announce(ready)
+        if settled.ready:  # children whose last parent succeeded: the other nodes heard in the transaction
+            config.on_ready(settled.ready)
         self._local_finished(snapshots)
         return out
 
@@ -744,9 +777,9 @@ class PostgresStore:
         if not _usable_id(job_id):
             await trio.lowlevel.checkpoint()
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
-        result, running, unparked, admitted = await self._call(
+        result, running, unparked, admitted, cascaded = await self._call(
             _cancel, job_id, config.clock(), self.channel, config.node, config.limits, config.defer_past,
-            config.fairness, retried=True,
+            config.fairness, config.watched, retried=True,
         )  # fmt: skip
         if admitted:
             self._admitted(admitted)
@@ -757,6 +790,7 @@ class PostgresStore:
             self._announce(unparked)
         if result.changed and job_id in config.watched:
             config.on_finished(result.job)
+        self._local_finished(cascaded)
         return result
 
     async def retry(self, job_id: str) -> Job:
@@ -765,7 +799,8 @@ class PostgresStore:
             await trio.lowlevel.checkpoint()
             raise JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
         job = await self._call(sql.retry, job_id, config.clock(), (self.channel, f"r|{config.node}|1"), retried=True)
-        config.on_ready(1)
+        if job.state is _READY:  # a job with parents still to succeed waits for them instead
+            config.on_ready(1)
         return job
 
     async def promote(self) -> float | None:
@@ -856,16 +891,39 @@ class PostgresStore:
         return await self._call(_admin.limit_usage)
 
     async def has_pending(self) -> bool:
-        """Whether any job is ready, scheduled, running or deferred (what ``join()`` asks; cheaper than
-        :meth:`counts`)."""
+        """Whether any job is ready, scheduled, running, deferred or waiting (what ``join()`` asks; cheaper
+        than :meth:`counts`)."""
         self._open()
         return await self._call(sql.has_pending)
+
+    async def results(self, ids: Sequence[str]) -> dict[str, Any]:
+        """The ``result`` of each of ``ids`` that this store holds and that succeeded, in one query (for
+        ``ctx.parents``): ``{id: result}``, ``None`` for a job that returned nothing. An id it does not hold
+        (never added, evicted, or not a possible id), or whose job has not succeeded, is left out."""
+        self._open()
+        wanted = sorted({job_id for job_id in ids if _usable_id(job_id)})
+        if not wanted:
+            await trio.lowlevel.checkpoint()
+            return {}
+        return await self._call(_flows.results, wanted)
 
     async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
         self._open()
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be an int >= 0, got {limit!r}")
         return await self._call(sql.jobs, list(states), limit)
+
+    async def add_tick(self, name: str, tick: float, job: NewJob | None) -> Job | None:
+        """See :meth:`Store.add_tick <trioq.stores.Store.add_tick>`: the tick's row and its job in one
+        transaction (``_cron``), so nodes racing for a tick, or a leader change, enqueue it once."""
+        if job is None:
+            await _cron.baseline(self, name, tick)
+            return None
+        return await _cron.add_tick(self, name, tick, job)
+
+    async def ticks(self) -> dict[str, float]:
+        """Each cron schedule's last tick (or baseline), by name."""
+        return await _cron.ticks(self)
 
 
 def _notify(conn: Any, schema: str, channel: str, payloads: list[str]) -> None:
@@ -888,16 +946,20 @@ def _complete(
     fair: Mapping[str, float] | None = None,
     *,
     retried: bool = False,
-) -> tuple[list[JobState | None], list[Job], list[float], int]:
+) -> tuple[list[JobState | None], list[Job], list[float], int, _flows.Settled]:
     """``complete`` in one worker thread: the outcomes applied, then the snapshots of the watched jobs that
-    finished (read at once: only the leader's eviction may drop them); the run times of jobs scheduled;
-    and how many jobs parked on the limit keys of the attempts that ended were let go."""
+    finished (read at once: only the leader's eviction may drop them; children a parent's end cancelled
+    among them); the run times of jobs scheduled; how many jobs parked on the limit keys of the attempts
+    that ended were let go; and what the parents' ends did to their children."""
     freed: set[str] = set()
-    states, finished, scheduled = sql.complete(conn, schema, outcomes, now, channel, node, retried=retried, freed=freed)
+    settled = _flows.Settled()
+    states, finished, scheduled = sql.complete(
+        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled
+    )
     unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
-    return states, snapshots, scheduled, unparked
+    return states, snapshots, scheduled, unparked, settled
 
 
 def _cancel(
@@ -910,18 +972,21 @@ def _cancel(
     limit_of: Callable[[str], Limit | None],
     defer: int | None = None,
     fair: Mapping[str, float] | None = None,
+    watched: Any = (),
     *,
     retried: bool = False,
-) -> tuple[CancelResult, int | None, int, _defer.Admitted]:
+) -> tuple[CancelResult, int | None, int, _defer.Admitted, list[Job]]:
     """``cancel`` in one worker thread, and the unparking of the jobs waiting on the keys of the attempt it
     stopped (how many); with ``defer``, the admission of deferred jobs into the room it made, in its own
-    transaction."""
+    transaction; last, the snapshots of the watched jobs cancelled with it (a parent's children)."""
     freed: set[str] = set()
+    settled = _flows.Settled()
     (result, running), admitted = _defer.admitting(
         conn, schema, defer, now, fair,
-        lambda: sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed),
+        lambda: sql.cancel(conn, schema, job_id, now, channel, node, retried=retried, freed=freed, settled=settled),
     )  # fmt: skip
-    return result, running, _limits.unpark(conn, schema, freed, limit_of, fair), admitted
+    unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
+    return result, running, unparked, admitted, _watched_snapshots(conn, schema, settled.cancelled, watched)
 
 
 def _rescue(
@@ -962,12 +1027,14 @@ def _promote(
     admitted into the room, in the same transaction as the expiry that made it (and whatever room
     concurrency left)."""
     freed: set[str] = set()
+    settled = _flows.Settled()
     done, admitted = _defer.admitting(
-        conn, schema, defer, now, fair, lambda: sql.promote(conn, schema, now, channel, node, freed=freed)
-    )
+        conn, schema, defer, now, fair,
+        lambda: sql.promote(conn, schema, now, channel, node, freed=freed, settled=settled),
+    )  # fmt: skip
     if unparked := _limits.unpark(conn, schema, freed, limit_of, fair):
         done = attrs.evolve(done, unparked=done.unparked + unparked)
-    return done, _watched_snapshots(conn, schema, done.expired, watched), admitted
+    return done, _watched_snapshots(conn, schema, [*done.expired, *settled.cancelled], watched), admitted
 
 
 def _expire(
@@ -983,9 +1050,10 @@ def _expire(
     """``expire`` in one worker thread: the terminal snapshots of the watched jobs it cancelled (their keys
     unparked, as in :func:`_promote`)."""
     freed: set[str] = set()
-    expired = sql.expire(conn, schema, now, channel, node, freed=freed)
+    settled = _flows.Settled()
+    expired = sql.expire(conn, schema, now, channel, node, freed=freed, settled=settled)
     _limits.unpark(conn, schema, freed, limit_of, fair)
-    return _watched_snapshots(conn, schema, expired, watched)
+    return _watched_snapshots(conn, schema, [*expired, *settled.cancelled], watched)
 
 
 def _watched_snapshots(conn: Any, schema: str, ids: Sequence[str], watched: Any) -> list[Job]:
