@@ -432,8 +432,15 @@ def test_a_run_that_does_not_use_the_plugin_stays_light(pytester: pytest.Pyteste
 # ------------------------------------------------------------ the example
 
 
-def test_shop_example_passes(pytester: pytest.Pytester) -> None:
+def test_shop_example_passes(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini(INI)
-    pytester.makepyfile(shop=(EXAMPLES / "shop.py").read_text(), test_shop=(EXAMPLES / "test_shop.py").read_text())
+    package = pytester.mkpydir("shop")
+    for module in sorted((EXAMPLES / "shop").glob("*.py")):
+        (package / module.name).write_text(module.read_text())
+    pytester.makepyfile(test_shop=(EXAMPLES / "test_shop.py").read_text())
+    # The copy, not a `shop` package another test of this session imported already (in-process runs
+    # share sys.modules).
+    for name in [m for m in sys.modules if m == "shop" or m.startswith("shop.")]:
+        monkeypatch.delitem(sys.modules, name)
     result = pytester.runpytest()
-    result.assert_outcomes(passed=24)
+    result.assert_outcomes(passed=36)

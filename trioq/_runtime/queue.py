@@ -26,7 +26,9 @@ from .._model import (
     INT_MIN,
     InvalidJob,
     Job,
+    JobNotFound,
     JobSpec,
+    JobState,
     Limit,
     TrioqError,
 )
@@ -35,6 +37,7 @@ from .._validate import where as _where
 from ..policies.limits import fill_keys
 from ..stores._base import NewJob, Store, StoreConfig, no_limits
 from ..stores.memory import MemoryStore
+from .cron import CronScheduler
 from .exits import primary_error, without_cancelled
 from .explain import reasons as explain_reasons
 from .maintenance import Maintenance
@@ -117,6 +120,15 @@ class Queue:
         self._maintenance = Maintenance(
             store, offset=self._offset, retention=retention, poll_interval=poll_interval, lease=lease
         )
+        # The registry's cron schedules (checked here: open_queue refuses a cron of an unknown task).
+        self._cron = CronScheduler(
+            registry,
+            store,
+            clock=self._clock,
+            offset=self._offset,
+            poll_interval=poll_interval,
+            resolve=lambda spec, now: self._resolve(spec, now, None),
+        )
         # The jobs wait() calls are waiting for; the store hands each its
         # terminal snapshot as it finishes (StoreConfig.watched, on_finished).
         self._waiters: dict[str, _Watch] = {}
@@ -158,6 +170,7 @@ class Queue:
         tenant: str | None = None,
         deadline: float | None = None,
         limits: Sequence[str] = (),
+        after: Sequence[str] = (),
     ) -> Job:
         """Add one job; returns its snapshot (``ready``, or ``scheduled`` with a delay).
 
@@ -167,7 +180,13 @@ class Queue:
         job still waiting then is cancelled, its error saying so (it never
         runs late; a delay past the deadline means it never runs). ``limits``:
         limit keys the job holds besides its task's (each must match a
-        limit the registry declares). With a
+        limit the registry declares). ``after``: ids of parent jobs; the job
+        is ``waiting`` until they all succeed, then ready (or scheduled, if its
+        delay, counted from now, has not passed), and is cancelled, its error
+        naming the parent, if one ends dead or cancelled (in
+        :meth:`enqueue_many` an ``int`` names an earlier spec of the batch). A
+        parent the store does not hold (never enqueued, or evicted) is
+        :class:`~trioq.InvalidJob`; one that succeeded already is met. With a
         ``key`` that a retained job already holds, nothing is added and that
         job is returned. Raises :class:`~trioq.UnknownTask`,
         :class:`~trioq.InvalidJob` (naming the bad field), or
@@ -184,6 +203,7 @@ class Queue:
             tenant,
             deadline,
             limits,
+            after,
         )
         return (await self.enqueue_many([spec]))[0]
 
@@ -206,7 +226,9 @@ class Queue:
                 f"this queue's store is a {type(self.store).__name__}: use `await queue.enqueue(...)`"
             )
         self._check_open()
-        unknown = set(options) - {"delay", "priority", "key", "max_attempts", "queue", "tenant", "deadline", "limits"}
+        unknown = set(options) - {
+            "delay", "priority", "key", "max_attempts", "queue", "tenant", "deadline", "limits", "after",
+        }  # fmt: skip
         if unknown:
             raise TypeError(f"enqueue_tx() got unexpected keyword argument(s) {sorted(unknown)}")
         spec = JobSpec(task, {} if payload is None else payload, **options)
@@ -281,8 +303,15 @@ class Queue:
         if key is not None and (not isinstance(key, str) or not key):
             where = _where(index)
             raise InvalidJob(f"{where}key must be a non-empty string or None, got {key!r}", field=f"{where}key")
-        queue, tenant, deadline, limits = spec.queue, spec.tenant, spec.deadline, spec.limits
-        if queue is None and tenant is None and deadline is None and limits == () and not definition.limits:
+        queue, tenant, deadline, limits, after = spec.queue, spec.tenant, spec.deadline, spec.limits, spec.after
+        if (
+            queue is None
+            and tenant is None
+            and deadline is None
+            and limits == ()
+            and after == ()
+            and not definition.limits
+        ):
             return NewJob(task, payload, priority, key, max_attempts, delay, definition.queue)
         queue = definition.queue if queue is None else validate.label(f"{_where(index)}queue", queue)
         if tenant is not None:
@@ -297,7 +326,8 @@ class Queue:
                 " declare every registry.limit(...) before open_queue",
                 field=field,
             )
-        return NewJob(task, payload, priority, key, max_attempts, delay, queue, tenant, deadline, keys)
+        parents = _parents(after, index, _where(index)) if after else ()
+        return NewJob(task, payload, priority, key, max_attempts, delay, queue, tenant, deadline, keys, parents)
 
     # ------------------------------------------------------------- querying
 
@@ -368,7 +398,7 @@ class Queue:
                 del self._waiters[job_id]
 
     async def join(self) -> None:
-        """Until no job is ready, scheduled or running (returns at once if none is).
+        """Until no job is ready, scheduled, running, deferred or waiting (returns at once if none is).
 
         With ``workers=0`` and pending jobs this waits until another queue on the
         same store drains them.
@@ -402,7 +432,9 @@ class Queue:
         use (held by a running attempt, blocking a job, or with a rate still recovering), ``{"in_use":
         attempts holding it (on every node), "cap": its max now (None: no max), "rate", "per",
         "tokens": starts its rate allows at once now (None: no rate), "blocked": ready jobs waiting
-        for a free slot of it}``. A store without ``limit_usage`` reports no use."""
+        for a free slot of it}``. A store without ``limit_usage`` reports no use. ``cron``: each
+        cron schedule of the registry, by name, ``{"name", "schedule", "task", "tz", "next_run"
+        (wall time), "last_tick" (the store's, None before any), "enqueued" (by this node)}``."""
         await trio.lowlevel.checkpoint()
         counts = await self.store.counts()
         paused = await self.store.paused()
@@ -414,6 +446,7 @@ class Queue:
             "workers": self._pool.stats(),
             "queues": queues,
             "limits": await self._limit_stats(),
+            "cron": await self._cron.stats(),
         }
 
     async def _limit_stats(self) -> dict[str, dict[str, Any]]:
@@ -452,7 +485,8 @@ class Queue:
         yet), ``paused`` (its queue), ``limit`` (a key's slots all held), ``rate`` (no token of a
         key's rate yet), ``no_workers`` (no pool of this node serves its queue), ``busy`` (its pool
         has no idle worker), ``claimable``, ``deferred`` (enqueued past ``max_ready``, waiting to
-        be admitted); ``running`` and ``finished`` for those states; plus a ``deadline`` entry
+        be admitted), ``waiting`` (for parents: ``parents`` maps the ids of those not succeeded
+        yet to their states); ``running`` and ``finished`` for those states; plus a ``deadline`` entry
         while one is still to meet. Found at one moment, not recorded: a reason may pass as it is
         read. Raises :class:`~trioq.JobNotFound`.
         """
@@ -461,6 +495,13 @@ class Queue:
         paused = await self.store.paused()
         usage_of = getattr(self.store, "limit_usage", None)
         usage = await usage_of() if usage_of is not None and job.limits else {}
+        parents: dict[str, JobState | None] = {}
+        if job.state is JobState.WAITING:
+            for parent_id in job.after:
+                try:
+                    parents[parent_id] = (await self.store.get(parent_id)).state
+                except JobNotFound:
+                    parents[parent_id] = None
         found = explain_reasons(
             job,
             now=self._clock(),
@@ -468,6 +509,7 @@ class Queue:
             usage=usage,
             limit_of=self.registry.limits.resolve,
             idle=self._pool.idle_for(job.queue),
+            parents=parents,
         )
         return {"id": job.id, "state": job.state.value, "queue": job.queue, "reasons": found}
 
@@ -540,12 +582,14 @@ class Queue:
         return trio.current_time() + self._offset
 
     async def _pending(self) -> bool:
-        """Whether any job is ready, scheduled, running or deferred (a store may answer it cheaper than its counts)."""
+        """Whether any job is ready, scheduled, running, deferred or waiting (a store may answer it cheaper
+        than its counts)."""
         has_pending = getattr(self.store, "has_pending", None)
         if has_pending is not None:
             return bool(await has_pending())
         counts = await self.store.counts()
-        return counts["ready"] + counts["scheduled"] + counts["running"] + counts.get("deferred", 0) > 0
+        live = counts["ready"] + counts["scheduled"] + counts["running"]
+        return live + counts.get("deferred", 0) + counts.get("waiting", 0) > 0
 
     def _check_open(self) -> None:
         if self._closing:
@@ -701,6 +745,7 @@ async def open_queue(
             queue._scope = nursery.cancel_scope
             await nursery.start(queue._pool.run)
             nursery.start_soon(queue._maintenance.run)
+            nursery.start_soon(queue._cron.run)
             nursery.start_soon(queue._poll_joiners)
             graceful = False
             try:
@@ -768,3 +813,38 @@ def _tokens(limit: Limit, tat: float | None, now: float) -> int | None:
     interval = limit.interval
     spare = (limit.tolerance + interval - (tat - now)) / interval
     return max(0, min(burst, math.floor(spare + 1e-9)))
+
+
+#: At most this many parents per job.
+MAX_PARENTS = 1000
+
+
+def _parents(after: object, index: int | None, where: str) -> tuple[str | int, ...]:
+    """A spec's ``after`` as a tuple of parent ids and batch indexes, each once; else
+    :class:`~trioq.InvalidJob` naming ``after``. An ``int`` must name an earlier spec of the batch
+    (``0 <= i < index``)."""
+    field = f"{where}after"
+    if isinstance(after, str | bytes) or not isinstance(after, Sequence):
+        raise InvalidJob(
+            f"{field} must be a list of parent job ids (or, in enqueue_many, ints naming earlier specs), "
+            f"got {after!r:.60}",
+            field=field,
+        )
+    if len(after) > MAX_PARENTS:
+        raise InvalidJob(f"{field} names {len(after)} parents; a job may have at most {MAX_PARENTS}", field=field)
+    out: list[str | int] = []
+    for parent in after:
+        if isinstance(parent, bool) or not isinstance(parent, str | int):
+            raise InvalidJob(f"{field} must hold job ids (strings) or ints, got {parent!r:.60}", field=field)
+        if isinstance(parent, int):
+            parent = int.__index__(parent)
+            if index is None or not 0 <= parent < index:
+                shown = "no spec comes before this one" if not index else f"it must be from 0 to {index - 1}"
+                raise InvalidJob(f"{field}: {parent} names no earlier spec of this batch ({shown})", field=field)
+        elif not parent:
+            raise InvalidJob(f"{field}: a parent job id cannot be empty", field=field)
+        else:
+            parent = str.__str__(parent)
+        if parent not in out:
+            out.append(parent)
+    return tuple(out)

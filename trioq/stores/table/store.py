@@ -32,6 +32,7 @@ from ..._model import (
     storable_text,
 )
 from ..._validate import label, number
+from ..._validate import where as _where
 from .._base import (
     CancelResult,
     ClaimRequest,
@@ -44,6 +45,7 @@ from .._base import (
     StoreConfig,
     Succeeded,
 )
+from .cron import CronTicks
 from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload, trailing_fields
 
 __all__ = [
@@ -96,8 +98,9 @@ def _checked(job: NewJob, where: str) -> NewJob:
         max_attempts = _plain_int(max_attempts, f"{where}max_attempts")
         delay = number(f"{where}delay", delay)
         job = NewJob(
-            task, job.payload, priority, key, max_attempts, delay, job.queue, job.tenant, job.deadline, job.limits
-        )
+            task, job.payload, priority, key, max_attempts, delay, job.queue, job.tenant, job.deadline, job.limits,
+            job.after,
+        )  # fmt: skip
     if not (INT_MIN <= priority <= INT_MAX and 1 <= max_attempts <= INT_MAX):
         field = f"{where}priority" if not INT_MIN <= priority <= INT_MAX else f"{where}max_attempts"
         raise InvalidJob(f"{field} cannot be stored: it must be a 64-bit integer (max_attempts >= 1)", field=field)
@@ -129,8 +132,48 @@ def _checked_labels(job: NewJob, where: str) -> NewJob:
                 raise InvalidJob(f"{where}limits: key {key!r:.60} cannot be stored: {problem}", field=f"{where}limits")
         limits = tuple(str.__str__(key) for key in limits)
     return NewJob(
-        job.task, job.payload, job.priority, job.key, job.max_attempts, job.delay, queue, tenant, deadline, limits
-    )
+        job.task, job.payload, job.priority, job.key, job.max_attempts, job.delay, queue, tenant, deadline, limits,
+        job.after,
+    )  # fmt: skip
+
+
+def _waits(table: JobTable, job: NewJob) -> bool:
+    """Whether ``job`` (its parents named by id all in ``table``) will wait: a parent of the batch
+    (an ``int``) or one that has not succeeded."""
+    for parent in job.after:
+        if type(parent) is int:
+            return True
+        entry = table.entry(parent) if isinstance(parent, str) else None
+        if entry is not None and entry.state is not _SUCCEEDED:
+            return True
+    return False
+
+
+def _parents(job: NewJob, index: int, ids: Sequence[str], where: str) -> tuple[str, ...]:
+    """``job.after`` as job ids, each once, in order: an ``int`` names the job at that index of the
+    batch (``ids``, those before ``index``); else :class:`~trioq.InvalidJob` (``field`` ``after``)."""
+    out: list[str] = []
+    for parent in job.after:
+        if type(parent) is int:
+            if not 0 <= parent < index:
+                raise InvalidJob(
+                    f"{where}after: {parent} names no earlier job of this batch (an int in after must be "
+                    f"from 0 to {index - 1})" if index else f"{where}after: {parent} names no earlier job of this "
+                    "batch (this is its first job)",
+                    field=f"{where}after",
+                )
+            parent_id = ids[parent]
+        elif isinstance(parent, str) and parent:
+            parent_id = str.__str__(parent)
+        else:
+            raise InvalidJob(
+                f"{where}after must hold job ids (strings) or ints naming earlier jobs of the batch, "
+                f"got {parent!r:.60}",
+                field=f"{where}after",
+            )
+        if parent_id not in out:
+            out.append(parent_id)
+    return tuple(out)
 
 
 def _plain_str(value: object, field: str) -> str:
@@ -154,7 +197,7 @@ def _delay(seconds: float) -> float:
     return max(number("an outcome's delay", seconds, minimum=-math.inf, error=ValueError), 0.0)
 
 
-class TableStore:
+class TableStore(CronTicks):
     """Shared body of the in-process stores; subclasses provide ``session``."""
 
     #: Outcomes are applied in this process: the runtime completes each attempt inline.
@@ -165,6 +208,7 @@ class TableStore:
     logs = True
 
     def __init__(self) -> None:
+        super().__init__()  # CronTicks: the cron schedules' last ticks
         self._table: JobTable | None = None
         self._config: StoreConfig | None = None
         self._ids = IdMaker()
@@ -253,9 +297,16 @@ class TableStore:
     async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
         table, config = self._open()
         now = config.clock()
+        flows = any(j.after for j in jobs)
+        if flows:  # every parent named by id must be here before any job goes in
+            for i, j in enumerate(jobs):
+                named = tuple(p for p in j.after if type(p) is not int and isinstance(p, str))
+                table.flows.check(named, f"{_where(i if len(jobs) > 1 else None)}after")
         if max_pending is not None:
-            new_keys = {j.key for j in jobs if j.key is not None and not table.holds_key(j.key)}
-            fresh = len(new_keys) + sum(1 for j in jobs if j.key is None)
+            # Jobs that will wait for a parent are not pending (nor counted against the bound).
+            counted = [j for j in jobs if not j.after or not _waits(table, j)] if flows else jobs
+            new_keys = {j.key for j in counted if j.key is not None and not table.holds_key(j.key)}
+            fresh = len(new_keys) + sum(1 for j in counted if j.key is None)
             if fresh and table.pending + fresh > max_pending:
                 raise QueueFull(
                     f"queue is full: {table.pending} jobs waiting, max_ready={max_pending}; retry later",
@@ -277,14 +328,24 @@ class TableStore:
         scheduled: list[float] = []
         record = self._record
         logs = self.logs
-        for j, blob in zip(jobs, packed, strict=True):
+        ids: list[str] = []
+        for i, (j, blob) in enumerate(zip(jobs, packed, strict=True)):
             job_id = self._ids()
             run_at = now + j.delay
             queue, tenant = j.queue, j.tenant
             deadline = None if j.deadline is None else now + j.deadline
-            existing = table.add_packed(
-                job_id, j.task, blob, j.priority, j.key, j.max_attempts, run_at, now, queue, tenant, deadline, j.limits
-            )
+            if flows:
+                after = _parents(j, i, ids, _where(i if len(jobs) > 1 else None)) if j.after else ()
+                existing = table.add_packed(
+                    job_id, j.task, blob, j.priority, j.key, j.max_attempts, run_at, now, queue, tenant, deadline,
+                    j.limits, None, after,
+                )  # fmt: skip
+                ids.append(job_id if existing is None else existing)
+            else:
+                existing = table.add_packed(
+                    job_id, j.task, blob, j.priority, j.key, j.max_attempts, run_at, now, queue, tenant, deadline,
+                    j.limits,
+                )  # fmt: skip
             if existing is not None:
                 out.append(table.get(existing))
                 continue
@@ -299,6 +360,7 @@ class TableStore:
                     or tenant is not None
                     or queue != DEFAULT_QUEUE
                     or entry.state is JobState.DEFERRED
+                    or entry.after
                 ):
                     fields = (*fields, *trailing_fields(entry, add=True))
                 entry.logged = record(ADD, fields)
@@ -443,6 +505,18 @@ class TableStore:
         table, _ = self._open()
         # An evicted job's last record is not known: wait for every record then.
         await self._durable(table.logged(job_id))
+
+    async def results(self, ids: Sequence[str]) -> dict[str, Any]:
+        """``{id: result}`` of each of ``ids`` the table holds that succeeded (what ``ctx.parents`` reads)."""
+        table, _ = self._open()
+        await trio.lowlevel.checkpoint()
+        out: dict[str, Any] = {}
+        for job_id in ids:
+            if job_id in table:
+                entry = table.entry(job_id)
+                if entry.state is _SUCCEEDED:
+                    out[job_id] = entry.snapshot().result if type(entry.result) is bytes else entry.result
+        return out
 
     async def get(self, job_id: str) -> Job:
         table, _ = self._open()
