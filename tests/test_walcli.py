@@ -103,7 +103,7 @@ async def test_verify_and_inspect_name_each_segments_format(tmp_path: Path) -> N
     async with store.session(StoreConfig(clock=lambda: 1_700_004_010.0)):
         pass
     code, out, _ = _run(verify_command, wal)
-    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 5), ") and "56 jobs" in out
+    assert code == 0 and out.startswith("ok: 3 segment(s) (formats 2, 6), ") and "56 jobs" in out
     code, out, _ = _run(inspect_command, wal)
     assert code == 0
     lines = [line.split() for line in out.splitlines() if line.strip().endswith(".wal") or ".wal " in line]
