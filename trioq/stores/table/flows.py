@@ -16,7 +16,6 @@ children the same way and a flow needs no record of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..._model import InvalidJob, JobState
@@ -76,25 +75,17 @@ class FlowIndex:
         for parent_id in [p for p in self.children if p not in jobs or jobs[p].state is _SUCCEEDED]:
             del self.children[parent_id]
 
-    def blocker(self, entry: Entry, *, besides: str | None = None) -> Entry | None:
-        """The first parent of ``entry`` (other than ``besides``) that ended dead or cancelled, if any."""
+    def blocker(self, after: tuple[str, ...]) -> Entry | None:
+        """The first parent of ``after`` the table holds that ended dead or cancelled, if any."""
         jobs = self.jobs
-        for parent_id in entry.after:
+        for parent_id in after:
             parent = jobs.get(parent_id)
-            if parent_id != besides and parent is not None and (parent.state is _DEAD or parent.state is _CANCELLED):
+            if parent is not None and (parent.state is _DEAD or parent.state is _CANCELLED):
                 return parent
         return None
 
-    def unmet(self, entry: Entry) -> int:
-        """How many parents of ``entry`` the table holds that have not succeeded (an evicted parent
+    def unmet(self, after: tuple[str, ...]) -> int:
+        """How many parents of ``after`` the table holds that have not succeeded (an evicted parent
         ended long ago: it counts as met)."""
         jobs = self.jobs
-        return sum(1 for p in entry.after if (parent := jobs.get(p)) is not None and parent.state is not _SUCCEEDED)
-
-    def waiting_on(self, entry: Entry) -> Iterator[Entry]:
-        """The parents of ``entry`` that have not succeeded (for ``explain``)."""
-        jobs = self.jobs
-        for parent_id in entry.after:
-            parent = jobs.get(parent_id)
-            if parent is not None and parent.state is not _SUCCEEDED:
-                yield parent
+        return sum(1 for p in after if (parent := jobs.get(p)) is not None and parent.state is not _SUCCEEDED)

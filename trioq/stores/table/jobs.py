@@ -128,6 +128,10 @@ class Entry(msgspec.Struct, gc=False, eq=False):
     unmet: int = 0
     cancelled_by: str | None = None
 
+    def result_value(self) -> Any:
+        """The result as snapshots give it: a fresh copy of a non-scalar one (kept packed)."""
+        return _decode(self.result) if type(self.result) is bytes else self.result
+
     def snapshot(self, payload: dict[str, Any] | None = None) -> Job:
         """An immutable :class:`~trioq.Job` copy of this entry as it is now.
 
@@ -149,7 +153,7 @@ class Entry(msgspec.Struct, gc=False, eq=False):
             self.run_at,
             self.created_at,
             self.finished_at,
-            _decode(self.result) if type(self.result) is bytes else self.result,
+            self.result_value(),
             self.error,
             tuple(FailedAttempt(*e) for e in self.errors) if self.errors else (),
             self.queue,
@@ -409,65 +413,24 @@ class JobTable:
                 return existing
         if job_id in self._jobs:
             raise InvalidJob(f"job id {job_id!r} is already in use", field="id")
+        blocker: Entry | None = None
+        unmet = 0
         if after:
-            self._add_child(
-                job_id, task, payload, priority, key, max_attempts, run_at, now, queue, tenant, deadline, limits,
-                deferred, after,
-            )  # fmt: skip
-            return None
+            flows = self.flows
+            flows.check(after)
+            blocker, unmet = flows.blocker(after), flows.unmet(after)
+            if blocker is not None or unmet:
+                deferred = False  # waiting (or cancelled below): never deferred
         seq = self._next_seq
         self._next_seq = seq + 1
         if deferred is None:
             bound = self.defer_past
             deferred = bound is not None and (self._counts[_DEFERRED] > 0 or self.pending >= bound)
-        state = _DEFERRED if deferred else _SCHEDULED if run_at > now else _READY
-        self._insert(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq, queue, tenant)
-        if limits:
-            self._jobs[job_id].limits = limits
-            self.limits.used = True
-        if deadline is not None:
-            entry = self._jobs[job_id]
-            entry.deadline = deadline
-            heapq.heappush(self._deadlines, (deadline, seq, entry))
-        return None
-
-    def _add_child(
-        self,
-        job_id: str,
-        task: str,
-        payload: bytes,
-        priority: int,
-        key: str | None,
-        max_attempts: int,
-        run_at: float,
-        now: float,
-        queue: str,
-        tenant: str | None,
-        deadline: float | None,
-        limits: tuple[str, ...],
-        deferred: bool | None,
-        after: tuple[str, ...],
-    ) -> None:
-        """:meth:`add_packed` of a job with parents."""
-        flows = self.flows
-        flows.check(after)
-        probe = Entry(job_id, task, b"", _WAITING, priority, key, max_attempts, run_at, now, 0, after=after)
-        blocker = flows.blocker(probe)
-        unmet = flows.unmet(probe)
-        if blocker is None and not unmet:  # every parent succeeded already: a plain job
-            self.add_packed(
-                job_id, task, payload, priority, key, max_attempts, run_at, now, queue, tenant, deadline, limits,
-                deferred,
-            )  # fmt: skip
-            self._jobs[job_id].after = after
-            return
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        self._insert(job_id, task, payload, _WAITING, priority, key, max_attempts, run_at, now, seq, queue, tenant)
-        entry = self._jobs[job_id]
-        entry.after = after
-        entry.unmet = unmet
-        flows.link(entry)
+        if blocker is not None or unmet:
+            state = _WAITING
+        else:
+            state = _DEFERRED if deferred else _SCHEDULED if run_at > now else _READY
+        entry = self._insert(job_id, task, payload, state, priority, key, max_attempts, run_at, now, seq, queue, tenant)
         if limits:
             entry.limits = limits
             self.limits.used = True
@@ -475,10 +438,16 @@ class JobTable:
             entry.deadline = deadline
             if blocker is None:
                 heapq.heappush(self._deadlines, (deadline, seq, entry))
-        if blocker is not None:
-            entry.error = parent_failed(blocker.id, blocker.state)
-            entry.cancelled_by = blocker.id
-            self._end(entry, _CANCELLED, now)
+        if after:
+            entry.after = after
+            if state is _WAITING:
+                entry.unmet = unmet
+                self.flows.link(entry)
+            if blocker is not None:  # a parent is dead or cancelled already: cancelled at once
+                entry.error = parent_failed(blocker.id, blocker.state)
+                entry.cancelled_by = blocker.id
+                self._end(entry, _CANCELLED, now)
+        return None
 
     def _insert(
         self,
@@ -494,8 +463,8 @@ class JobTable:
         seq: int,
         queue: str,
         tenant: str | None,
-    ) -> None:
-        """File a never-run ready, scheduled, deferred or waiting job."""
+    ) -> Entry:
+        """File a never-run ready, scheduled, deferred or waiting job; returns its entry."""
         if payload == _EMPTY_MAP:
             payload = b""
         entry = Entry(job_id, task, payload, state, priority, key, max_attempts, run_at, created_at, seq)
@@ -508,6 +477,7 @@ class JobTable:
         if key is not None:
             self._keys[key] = job_id
         self._counts[state] += 1
+        return entry
 
     def claim_next(self, now: float, queues: Collection[str] | None = None) -> Entry | None:
         """Claim the best ready job of ``queues`` (every queue: ``None``) at ``now``, skipping paused queues.
@@ -695,14 +665,14 @@ class JobTable:
             )
         unmet = 0
         if entry.after:
-            blocker = self.flows.blocker(entry)
+            blocker = self.flows.blocker(entry.after)
             if blocker is not None:
                 raise InvalidJob(
                     f"job {job_id!r} waits for parent {blocker.id}, which is {blocker.state.value}; "
                     f"retry {blocker.id} first (its cancelled children then wait again)",
                     field="after",
                 )
-            unmet = self.flows.unmet(entry)
+            unmet = self.flows.unmet(entry.after)
         self._retained -= 1  # its retention item goes stale: _push replaces the slot
         entry.attempts = 0
         entry.snoozes = 0
@@ -730,7 +700,7 @@ class JobTable:
             for child in children.get(revived.id, ()):
                 if child.state is not _CANCELLED or child.cancelled_by != revived.id:
                     continue
-                other = flows.blocker(child)
+                other = flows.blocker(child.after)
                 if other is not None:
                     child.cancelled_by = other.id
                     child.error = parent_failed(other.id, other.state)
@@ -739,7 +709,7 @@ class JobTable:
                 child.finished_at = None
                 child.error = None
                 child.cancelled_by = None
-                child.unmet = flows.unmet(child)
+                child.unmet = flows.unmet(child.after)
                 self._move(child, _WAITING)
                 self._push(child)
                 self._compact_retention()
@@ -1076,7 +1046,7 @@ class JobTable:
         for kids in self._children.values():
             for child in kids:
                 if child.state is _WAITING:
-                    child.unmet = flows.unmet(child)
+                    child.unmet = flows.unmet(child.after)
 
     def jobs(self, states: Collection[JobState], limit: int) -> list[Job]:
         """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first (a scan: for checks)."""

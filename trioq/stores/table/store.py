@@ -137,14 +137,19 @@ def _checked_labels(job: NewJob, where: str) -> NewJob:
     )  # fmt: skip
 
 
-def _waits(table: JobTable, job: NewJob) -> bool:
-    """Whether ``job`` (its parents named by id all in ``table``) will wait: a parent of the batch
-    (an ``int``) or one that has not succeeded."""
-    for parent in job.after:
+def _waits(table: JobTable, jobs: Sequence[NewJob], index: int) -> bool:
+    """Whether ``jobs[index]`` (its parents named by id all in ``table``) will be added waiting or
+    cancelled, so not pending: a parent that has not succeeded, the new job of an earlier spec, or the
+    unsucceeded job an earlier spec's idempotency key stands for."""
+    for parent in jobs[index].after:
         if type(parent) is int:
-            return True
-        entry = table.entry(parent) if isinstance(parent, str) else None
-        if entry is not None and entry.state is not _SUCCEEDED:
+            if not 0 <= parent < index:
+                return True  # no earlier spec: _parents refuses it
+            key = jobs[parent].key
+            held = table.by_key(key) if key is not None else None
+            if held is None or held.state is not _SUCCEEDED:
+                return True
+        elif isinstance(parent, str) and table.flows.unmet((parent,)):
             return True
     return False
 
@@ -304,7 +309,7 @@ class TableStore(CronTicks):
                 table.flows.check(named, f"{_where(i if len(jobs) > 1 else None)}after")
         if max_pending is not None:
             # Jobs that will wait for a parent are not pending (nor counted against the bound).
-            counted = [j for j in jobs if not j.after or not _waits(table, j)] if flows else jobs
+            counted = [j for i, j in enumerate(jobs) if not j.after or not _waits(table, jobs, i)] if flows else jobs
             new_keys = {j.key for j in counted if j.key is not None and not table.holds_key(j.key)}
             fresh = len(new_keys) + sum(1 for j in counted if j.key is None)
             if fresh and table.pending + fresh > max_pending:
@@ -515,7 +520,7 @@ class TableStore(CronTicks):
             if job_id in table:
                 entry = table.entry(job_id)
                 if entry.state is _SUCCEEDED:
-                    out[job_id] = entry.snapshot().result if type(entry.result) is bytes else entry.result
+                    out[job_id] = entry.result_value()
         return out
 
     async def get(self, job_id: str) -> Job:
