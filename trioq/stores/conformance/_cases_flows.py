@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..._model import DEADLINE_ERROR_PREFIX, InvalidJob, JobState
+from ..._model import DEADLINE_ERROR_PREFIX, InvalidJob, JobState, QueueFull
 from .._base import Failed, Store, Succeeded
 from ._fixtures import CaseBase, needs, zero_counts
 from ._harness import START, Harness, claim_one, complete_one
@@ -77,6 +77,16 @@ class FlowCases(CaseBase):
         assert first.id == held.id
         assert child.after == (held.id,)
         assert child.state is JobState.WAITING
+
+    async def test_a_child_of_a_succeeded_key_holder_counts_as_pending(self, store: Store, harness: Harness) -> None:
+        """An index naming a spec whose key a succeeded job holds: the child is ready, so ``max_pending``
+        counts it."""
+        (held,) = await store.add([harness.job(key="k")])
+        await _run(store, held.id)
+        with pytest.raises(QueueFull):
+            await store.add([harness.job(key="k"), harness.job(after=[0])], max_pending=0)
+        _, child = await store.add([harness.job(key="k"), harness.job(after=[0])], max_pending=1)
+        assert child.state is JobState.READY
 
     async def test_a_parent_that_succeeded_already_is_met(self, store: Store, harness: Harness) -> None:
         (parent,) = await store.add([harness.job()])
