@@ -73,6 +73,32 @@ async def test_batch_is_all_or_nothing(client: Any, queue: trioq.Queue) -> None:
     assert (await queue.stats())["totals"]["enqueued"] == before
 
 
+async def test_a_flow_over_http_waits_for_its_parents(client: Any, queue: trioq.Queue) -> None:
+    slow = await queue.enqueue("slow", delay=50)
+    response = await client.post(
+        "/jobs", json={"task": "echo", "payload": {"text": "c"}, "after": [slow.id]}, headers=AUTH
+    )
+    assert response.status_code == 202
+    child = await response.get_json()
+    assert child["state"] == "waiting"
+    response = await client.get(f"/jobs/{child['id']}", headers=AUTH)
+    body = await response.get_json()
+    assert body["after"] == [slow.id] and body["explain"][0]["kind"] == "waiting"
+    # In a batch an integer names an earlier job of the same batch.
+    batch = {"jobs": [{"task": "echo", "payload": {"text": "p"}}, {"task": "echo", "after": [0]}]}
+    response = await client.post("/jobs/batch", json=batch, headers=AUTH)
+    assert response.status_code == 202
+    parent, second = (await response.get_json())["jobs"]
+    done = await queue.wait(second["id"])
+    assert done.state == "succeeded" and done.after == (parent["id"],)
+    for bad in ({"after": ["no-such-job"]}, {"after": [0]}, {"after": "x"}):
+        response = await client.post("/jobs", json={"task": "echo", **bad}, headers=AUTH)
+        assert response.status_code == 400, bad
+        assert (await response.get_json())["field"] == "after", bad
+    await queue.cancel(slow.id)
+    assert (await queue.wait(child["id"])).state == "cancelled"
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

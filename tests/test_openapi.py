@@ -161,7 +161,7 @@ def _has_inputs(path: str, method: str) -> bool:
     return "{" in path or method == "POST"
 
 
-def _job(draw: Any, job: Any) -> Any:
+def _job(draw: Any, job: Any, ids: list[str]) -> Any:
     """Point a generated job object at a real task with a payload it takes, so the enqueue can succeed."""
     if isinstance(job, dict):
         task = job["task"] = draw(st.sampled_from(TASKS))
@@ -175,6 +175,7 @@ def _job(draw: Any, job: Any) -> Any:
             ("queue", [None, "default", "email"]),
             ("tenant", [None, "acme"]),
             ("limits", [None, [], ["shared"], ["user:7", "shared"]]),
+            ("after", [None, [], [ids[0]], ids[:2]]),  # parents the queue knows (succeeded, dead: both take)
         ):
             if name in job:
                 job[name] = draw(st.sampled_from(values))
@@ -193,10 +194,10 @@ def _adjust(case: Case, draw: Any, ids: list[str]) -> bool:
         case.path_parameters = {"job_id": draw(st.sampled_from(ids))}
     body = case.body
     if case.path == "/jobs":
-        case.body = _job(draw, body)
+        case.body = _job(draw, body, ids)
     elif case.path == "/jobs/batch" and isinstance(body, dict) and isinstance(body.get("jobs"), list):
         jobs = body["jobs"][: draw(st.sampled_from([1, 2, 3, len(body["jobs"])]))] or body["jobs"]
-        case.body = {**body, "jobs": [_job(draw, job) for job in jobs]}
+        case.body = {**body, "jobs": [_job(draw, job, ids) for job in jobs]}
     return True
 
 

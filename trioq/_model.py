@@ -354,6 +354,8 @@ MAX_VALUE_BYTES = 1 << 28
 MAX_NAME_BYTES = 4096
 #: The longest queue or tenant name, in UTF-8 bytes (they key statistics, URLs and indexes).
 MAX_LABEL_BYTES = 255
+#: The most parents one job may wait for (``after``).
+MAX_PARENTS = 1000
 #: The queue a job waits in when neither its task nor its enqueue names one.
 DEFAULT_QUEUE = "default"
 #: How deep a payload or result may nest (dicts and lists), like serde_json's default: every

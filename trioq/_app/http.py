@@ -9,7 +9,7 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
                                histograms of queue wait and run time per task
     GET    /openapi.json       this API as an OpenAPI 3.1 document
     POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?,
-                                "queue"?, "tenant"?, "deadline"?, "limits"?} -> 202
+                                "queue"?, "tenant"?, "deadline"?, "limits"?, "after"?} -> 202
     POST   /jobs/batch         {"jobs": [...]} -> 202, all or nothing
     GET    /jobs/<id>          the job, with "explain": why it is not running (queue.explain's reasons)
     DELETE /jobs/<id>          cancel it
@@ -69,7 +69,7 @@ __all__ = ["blueprint", "create_app"]
 
 DEFAULT_MAX_BODY = 1024 * 1024
 _JOB_FIELDS = frozenset(
-    {"task", "payload", "delay", "priority", "key", "max_attempts", "queue", "tenant", "deadline", "limits"}
+    {"task", "payload", "delay", "priority", "key", "max_attempts", "queue", "tenant", "deadline", "limits", "after"}
 )
 # By endpoint name, so the routes stay open under a blueprint's url_prefix.
 _OPEN_ENDPOINTS = frozenset({"healthz", "readyz", "openapi"})
@@ -182,6 +182,7 @@ def _spec(data: Any, where: str) -> JobSpec:
         data.get("tenant"),
         data.get("deadline"),
         () if data.get("limits") is None else data["limits"],
+        _parent_ids(data.get("after")),
     )
 
 
@@ -190,6 +191,13 @@ def _whole(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def _parent_ids(after: Any) -> Any:
+    """``after`` with JSON's whole-number floats as integers (batch indexes); ``None`` is no parents."""
+    if after is None:
+        return ()
+    return [_whole(parent) for parent in after] if isinstance(after, list) else after
 
 
 def _limit(max_body: int) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._model import INT_MAX, INT_MIN, MAX_LABEL_BYTES, MAX_NAME_BYTES, JobState
+from .._model import INT_MAX, INT_MIN, MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_PARENTS, JobState
 from .._runtime.totals import Totals
 
 __all__ = ["openapi_spec"]
@@ -144,6 +144,17 @@ def _schemas() -> dict[str, Any]:
                     " (else 400)."
                 ),
             },
+            "after": {
+                "type": ["array", "null"],
+                "maxItems": MAX_PARENTS,
+                "items": {"anyOf": [{"type": "string", **_NAME}, {"type": "integer", "minimum": 0}]},
+                "description": (
+                    "Ids of parent jobs: the job waits (state waiting) until they all succeed, and is cancelled"
+                    " if one ends dead or cancelled. In POST /jobs/batch an integer names an earlier job of the"
+                    " same batch (its index). An id the queue does not know, or an integer outside a batch, is"
+                    f" a 400. At most {MAX_PARENTS}."
+                ),
+            },
         },
     }
     job = {
@@ -206,6 +217,8 @@ def _schemas() -> dict[str, Any]:
                             "enum": [
                                 "running",
                                 "finished",
+                                "waiting",
+                                "deferred",
                                 "scheduled",
                                 "paused",
                                 "limit",
@@ -256,7 +269,10 @@ def _schemas() -> dict[str, Any]:
             "id": {"type": "string"},
             "state": {
                 "$ref": "#/components/schemas/JobState",
-                "description": "ready or scheduled; any state for a key that an existing job holds.",
+                "description": (
+                    "ready or scheduled; waiting for parents (after), or cancelled at once if one ended dead or"
+                    " cancelled; any state for a key that an existing job holds."
+                ),
             },
         },
     }

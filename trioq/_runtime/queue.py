@@ -24,6 +24,7 @@ from .. import _validate as validate
 from .._model import (
     INT_MAX,
     INT_MIN,
+    MAX_PARENTS,
     InvalidJob,
     Job,
     JobNotFound,
@@ -813,10 +814,6 @@ def _tokens(limit: Limit, tat: float | None, now: float) -> int | None:
     interval = limit.interval
     spare = (limit.tolerance + interval - (tat - now)) / interval
     return max(0, min(burst, math.floor(spare + 1e-9)))
-
-
-#: At most this many parents per job.
-MAX_PARENTS = 1000
 
 
 def _parents(after: object, index: int | None, where: str) -> tuple[str | int, ...]:
