@@ -61,10 +61,10 @@ trio.run(main)
 """
 
 
-async def _run_and_kill(directory: Path, executions: Path, kill_after: int) -> list[str]:
-    """Run the child until ``kill_after`` acks, SIGKILL it; every id it acknowledged."""
+async def _run_and_kill(directory: Path, executions: Path, kill_after: int, script: str = CHILD) -> list[str]:
+    """Run the child ``script`` until ``kill_after`` acks, SIGKILL it; every id it acknowledged."""
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-c", CHILD, str(directory), str(executions)],
+        [sys.executable, "-c", script, str(directory), str(executions)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
