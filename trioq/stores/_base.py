@@ -23,6 +23,7 @@ __all__ = [
     "ClaimRequest",
     "Failed",
     "IdMaker",
+    "JobFilter",
     "NewJob",
     "Outcome",
     "Released",
@@ -105,6 +106,20 @@ class CancelResult:
 
     job: Job
     changed: bool
+
+
+class JobFilter(msgspec.Struct, frozen=True, gc=False):
+    """Which jobs :meth:`Store.list_jobs` lists: every field that is set narrows the listing.
+
+    ``states``: the jobs in any of these states (empty: every state); ``task``,
+    ``queue``, ``tenant``: the jobs with exactly that task name, named queue or
+    tenant. The runtime checks the values before a store sees them.
+    """
+
+    states: tuple[JobState, ...] = ()
+    task: str | None = None
+    queue: str | None = None
+    tenant: str | None = None
 
 
 class ClaimRequest(msgspec.Struct, frozen=True, gc=False):
@@ -402,6 +417,18 @@ class Store(Protocol):
         """Snapshots of up to ``limit`` jobs in ``states``, oldest enqueued first.
 
         For checks and listings, not hot paths: a store may scan to answer.
+        """
+        ...
+
+    async def list_jobs(self, where: JobFilter, *, limit: int, after_id: str | None = None) -> list[Job]:
+        """Snapshots of up to ``limit`` jobs that ``where`` takes, newest enqueued first: a page of a
+        listing. ``after_id``: the last job of the previous page; the page holds the jobs enqueued
+        before it (``None``: from the newest). Raises :class:`~trioq.InvalidJob` (``field="after_id"``)
+        when the store holds no job ``after_id`` (never one, or evicted since: list from the first
+        page again).
+
+        For operators and dashboards, not hot paths: a store answers from an index where it has one
+        (see its docs), and may scan.
         """
         ...
 

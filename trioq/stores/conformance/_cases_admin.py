@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ..._model import InvalidJob, JobNotFound, JobState, TrioqError
-from .._base import CancelResult, Failed, Released, Store, Succeeded
+from ..._model import InvalidJob, Job, JobNotFound, JobState, TrioqError
+from .._base import CancelResult, Failed, JobFilter, Released, Store, Succeeded
 from ._fixtures import CaseBase, needs, zero_counts
 from ._harness import ALL_STATES, Harness, claim_one, complete_one
 
@@ -268,6 +268,55 @@ class ViewCases(CaseBase):
         assert [job.task for job in await store.jobs([JobState.CANCELLED])] == ["t2"]
         assert await store.jobs([JobState.DEAD]) == []
 
+    async def test_list_jobs_pages_newest_first_by_filter(self, store: Store, harness: Harness) -> None:
+        """``list_jobs`` gives the jobs a filter takes (states, task, queue, tenant, each narrowing), newest
+        enqueued first, ``limit`` a page, ``after_id`` the last job of the page before; an unknown
+        ``after_id`` is ``InvalidJob`` naming it."""
+        specs = [
+            harness.job(
+                f"t{n % 3}", queue="q" if n % 2 else "default", tenant="acme" if n < 4 else None, max_attempts=1
+            )
+            for n in range(8)
+        ]
+        jobs = await store.add(specs)
+        ids = [job.id for job in jobs]
+        a, b = await store.claim(harness.request(2))  # the two oldest: jobs 0 and 1
+        await store.complete([Failed(a.id, a.epoch, "E: x", None)])  # job 0 dead
+        await store.cancel(ids[5])
+        everything = await store.list_jobs(JobFilter(), limit=100)
+        assert [job.id for job in everything] == ids[::-1]
+        assert everything[-2] == await store.get(b.id)
+        first = await store.list_jobs(JobFilter(), limit=3)
+        second = await store.list_jobs(JobFilter(), limit=3, after_id=first[-1].id)
+        third = await store.list_jobs(JobFilter(), limit=3, after_id=second[-1].id)
+        assert [job.id for job in first + second + third] == ids[::-1]
+        assert await store.list_jobs(JobFilter(), limit=3, after_id=ids[0]) == []
+        assert await store.list_jobs(JobFilter(), limit=0) == []
+
+        def listed(where: JobFilter) -> list[str]:
+            return [job.id for job in everything if _takes(where, job)]
+
+        for where in [
+            JobFilter(states=(JobState.DEAD,)),
+            JobFilter(states=(JobState.READY, JobState.CANCELLED)),
+            JobFilter(states=(JobState.RUNNING,)),
+            JobFilter(states=(JobState.SUCCEEDED,)),
+            JobFilter(task="t1"),
+            JobFilter(queue="q"),
+            JobFilter(tenant="acme"),
+            JobFilter(states=(JobState.READY,), task="t2", queue="default", tenant="acme"),
+            JobFilter(task="nope"),
+        ]:
+            assert [job.id for job in await store.list_jobs(where, limit=100)] == listed(where), where
+        assert [job.id for job in await store.list_jobs(JobFilter(states=(JobState.DEAD,)), limit=1)] == [ids[0]]
+        assert [job.id for job in await store.list_jobs(JobFilter(queue="q"), limit=2, after_id=ids[5])] == [
+            ids[3],
+            ids[1],
+        ]
+        with pytest.raises(InvalidJob) as excinfo:
+            await store.list_jobs(JobFilter(), limit=3, after_id="no-such-job")
+        assert excinfo.value.field == "after_id"
+
     async def test_unknown_id_raises_job_not_found(self, store: Store, harness: Harness) -> None:
         """``get``, ``cancel`` and ``retry`` of an id the store never held raise ``JobNotFound``."""
         await store.add([harness.job()])
@@ -336,3 +385,13 @@ class RescueCases(CaseBase):
             assert await store_a.extend("node-a", [(lapsing.id, lapsing.epoch)], 10.0) == [False]
             assert await complete_one(store_a, Released(lapsing.id, lapsing.epoch)) is None
             assert (await store_b.get(kept.id)).state is JobState.RUNNING
+
+
+def _takes(where: JobFilter, job: Job) -> bool:
+    """Whether ``where`` takes ``job``: the filter's meaning, spelled out for the listing case."""
+    return (
+        (not where.states or job.state in where.states)
+        and where.task in (None, job.task)
+        and where.queue in (None, job.queue)
+        and where.tenant in (None, job.tenant)
+    )

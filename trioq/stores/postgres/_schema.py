@@ -197,6 +197,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # job is inserted in the transaction that moves its row forward, so a tick is enqueued once.
         "CREATE TABLE {s}.cron_ticks (name text PRIMARY KEY, tick double precision NOT NULL)",
     ),
+    (
+        # Listings (Store.list_jobs, GET /jobs, the dashboard): each state's jobs newest first, read backwards
+        # (_listing). Built without CONCURRENTLY, under the migration lock: 2.8 s per million jobs here.
+        "CREATE INDEX jobs_listing ON {s}.jobs (state, seq)",
+    ),
 )
 
 #: The version a store of this trioq expects.

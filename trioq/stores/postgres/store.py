@@ -25,6 +25,7 @@ from .._base import (
     ClaimRequest,
     Failed,
     IdMaker,
+    JobFilter,
     NewJob,
     Outcome,
     Released,
@@ -34,7 +35,7 @@ from .._base import (
     no_limits,
 )
 from ..table.store import _checked
-from . import _admin, _cron, _defer, _flows, _limits
+from . import _admin, _cron, _defer, _flows, _limits, _listing
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
@@ -912,6 +913,14 @@ class PostgresStore:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be an int >= 0, got {limit!r}")
         return await self._call(sql.jobs, list(states), limit)
+
+    async def list_jobs(self, where: JobFilter, *, limit: int, after_id: str | None = None) -> list[Job]:
+        """See :meth:`Store.list_jobs <trioq.stores.Store.list_jobs>`: from the index ``jobs_listing``
+        (``_listing``)."""
+        self._open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        return await self._call(_listing.list_jobs, where, limit, after_id)
 
     async def add_tick(self, name: str, tick: float, job: NewJob | None) -> Job | None:
         """See :meth:`Store.add_tick <trioq.stores.Store.add_tick>`: the tick's row and its job in one

@@ -1054,6 +1054,41 @@ class JobTable:
         matching = (entry for entry in self._jobs.values() if entry.state in wanted)
         return [entry.snapshot() for entry in heapq.nsmallest(limit, matching, key=lambda entry: entry.seq)]
 
+    def list_jobs(
+        self,
+        states: Collection[JobState],
+        task: str | None,
+        queue: str | None,
+        tenant: str | None,
+        limit: int,
+        after_id: str | None,
+    ) -> list[Job]:
+        """Snapshots of up to ``limit`` jobs in ``states`` (empty: any) with this ``task``, ``queue`` and
+        ``tenant`` (``None``: any), newest enqueued first, enqueued before ``after_id`` if given (see
+        :meth:`Store.list_jobs <trioq.stores.Store.list_jobs>`). A scan of every job the table holds:
+        for listings, not hot paths."""
+        before = math.inf
+        if after_id is not None:
+            cursor = self._jobs.get(after_id)
+            if cursor is None:
+                raise InvalidJob(
+                    f"after_id {after_id!r:.80} names no job this store holds (evicted since?): list from the"
+                    " first page again",
+                    field="after_id",
+                )
+            before = cursor.seq
+        wanted = frozenset(states)
+        matching = (
+            entry
+            for entry in self._jobs.values()
+            if entry.seq < before
+            and (not wanted or entry.state in wanted)
+            and (task is None or entry.task == task)
+            and (queue is None or entry.queue == queue)
+            and (tenant is None or entry.tenant == tenant)
+        )
+        return [entry.snapshot() for entry in heapq.nlargest(limit, matching, key=lambda entry: entry.seq)]
+
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
         return list(self._active.values())

@@ -38,6 +38,7 @@ from .._base import (
     ClaimRequest,
     Failed,
     IdMaker,
+    JobFilter,
     NewJob,
     Outcome,
     Released,
@@ -568,6 +569,12 @@ class TableStore(CronTicks):
     async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
         table, _ = self._open()
         return table.jobs(states, limit)
+
+    async def list_jobs(self, where: JobFilter, *, limit: int, after_id: str | None = None) -> list[Job]:
+        """See :meth:`Store.list_jobs <trioq.stores.Store.list_jobs>`: a scan of the table (no index)."""
+        table, _ = self._open()
+        await trio.lowlevel.checkpoint()
+        return table.list_jobs(where.states, where.task, where.queue, where.tenant, limit, after_id)
 
     async def counts(self) -> dict[str, int]:
         table, _ = self._open()
