@@ -7,6 +7,7 @@ The queue talks to its store only through the async Store protocol.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
 import os
@@ -38,6 +39,7 @@ from .._validate import where as _where
 from ..policies.limits import fill_keys
 from ..stores._base import NewJob, Store, StoreConfig, no_limits
 from ..stores.memory import MemoryStore
+from . import listing
 from .cron import CronScheduler
 from .exits import primary_error, without_cancelled
 from .explain import reasons as explain_reasons
@@ -345,6 +347,32 @@ class Queue:
             await self.store.sync(job_id)  # this job's records: at once when they are durable
         return job
 
+    async def list(
+        self,
+        state: JobState | str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+    ) -> builtins.list[Job]:
+        """Snapshots of the jobs the filters take, newest enqueued first: one page of at most
+        ``limit`` (1 to 1,000). ``state``: a :class:`~trioq.JobState` or its value; ``task``,
+        ``queue``, ``tenant``: exact names; ``None`` takes any. For the next page pass the last
+        job's id as ``after_id``; a short page is the last.
+
+        Raises :class:`~trioq.InvalidJob` naming a bad filter, ``limit``, or an ``after_id`` the
+        store no longer holds (evicted since the last page: start from the first again).
+        """
+        where = listing.job_filter(state, task, queue, tenant)
+        count = listing.page_limit(limit, listing.MAX_PAGE)
+        if after_id is not None and not isinstance(after_id, str):
+            raise InvalidJob(f"after_id must be a job id (a string), got {after_id!r:.40}", field="after_id")
+        jobs = await self.store.list_jobs(where, limit=count, after_id=after_id)
+        if any(job.state.terminal for job in jobs):
+            await self.store.sync()  # as get(): an outcome is reported once durable
+        return jobs
+
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Return the job once it is terminal (succeeded, dead or cancelled) and, with a
         store that logs, once that outcome is durable.
@@ -576,6 +604,60 @@ class Queue:
         self._check_open()
         await trio.lowlevel.checkpoint_if_cancelled()
         return await self.store.retry(job_id)  # not a cancel point once applied
+
+    async def retry_many(
+        self,
+        state: JobState | str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """:meth:`retry` each dead or cancelled job the filters take (as :meth:`list`'s; ``state`` one of
+        the two, ``None`` both): the newest ``limit`` of them (up to 10,000), oldest first; returns how
+        many it retried. Call again until it returns 0 to retry them all.
+
+        Among the jobs of one call a flow's parent goes before its children, and the children its end
+        cancelled wait again without being counted; a child whose parent is still dead or cancelled is
+        passed over (a later call that retries the parent revives it), as is a job that moved on since
+        it was listed. Raises :class:`~trioq.InvalidJob` naming a bad filter (another ``state``
+        included) or ``limit``.
+        """
+        self._check_open()
+        where = listing.job_filter(state, task, queue, tenant, among=listing.RETRYABLE, action="retry_many")
+        count = listing.page_limit(limit, listing.MAX_BULK)
+
+        async def retried(job_id: str) -> bool:
+            await self.store.retry(job_id)
+            return True
+
+        return await listing.act_on_each(self.store, where, count, retried)
+
+    async def cancel_many(
+        self,
+        state: JobState | str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """:meth:`cancel` each unfinished job the filters take (as :meth:`list`'s; ``state`` any but
+        succeeded, dead and cancelled, ``None`` all of those): the newest ``limit`` of them (up to
+        10,000), oldest first; returns how many it cancelled. Call again until it returns 0 to cancel
+        them all. Running attempts stop at once; a flow's children cancelled by their parent's cancel
+        are not counted again. Raises :class:`~trioq.InvalidJob` naming a bad filter or ``limit``.
+        """
+        where = listing.job_filter(state, task, queue, tenant, among=listing.CANCELLABLE, action="cancel_many")
+        count = listing.page_limit(limit, listing.MAX_BULK)
+
+        async def cancelled(job_id: str) -> bool:
+            outcome = await self.store.cancel(job_id)
+            if outcome.changed:
+                self._totals.cancelled += 1
+                self._outcome()
+            return outcome.changed
+
+        return await listing.act_on_each(self.store, where, count, cancelled)
 
     # ------------------------------------------------------------- internals
 
