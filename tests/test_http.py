@@ -99,6 +99,50 @@ async def test_a_flow_over_http_waits_for_its_parents(client: Any, queue: trioq.
     assert (await queue.wait(child["id"])).state == "cancelled"
 
 
+async def test_list_jobs_pages_newest_first_and_bulk_actions_count(client: Any, queue: trioq.Queue) -> None:
+    dead = [await queue.enqueue("boom") for _ in range(3)]
+    slow = [await queue.enqueue("slow", delay=500) for _ in range(2)]
+    await trio.sleep(1)
+    pages, after = [], None
+    while True:
+        query = "/jobs?limit=2" + ("" if after is None else f"&after={after}")
+        response = await client.get(query, headers=AUTH)
+        assert response.status_code == 200
+        body = await response.get_json()
+        pages.append(len(body["jobs"]))
+        if body["next"] is None:
+            break
+        assert body["next"] == body["jobs"][-1]["id"]
+        after = body["next"]
+    assert pages == [2, 2, 1]
+    response = await client.get("/jobs?state=dead&task=boom", headers=AUTH)
+    assert [job["id"] for job in (await response.get_json())["jobs"]] == [job.id for job in dead[::-1]]
+    for query, field in [
+        ("state=finished", "state"),
+        ("limit=0", "limit"),
+        ("limit=x", "limit"),
+        ("limit=1001", "limit"),
+        ("after=nope", "after"),
+        ("colour=red", "colour"),
+        ("state=dead&state=ready", "state"),
+    ]:
+        response = await client.get(f"/jobs?{query}", headers=AUTH)
+        assert response.status_code == 400, query
+        assert (await response.get_json())["field"] == field, query
+    response = await client.post("/jobs/retry", json={"state": "ready"}, headers=AUTH)
+    assert response.status_code == 400 and (await response.get_json())["field"] == "state"
+    response = await client.post("/jobs/retry", json={"colour": "red"}, headers=AUTH)
+    assert response.status_code == 400 and (await response.get_json())["field"] == "colour"
+    await queue.pause("default")  # the retried jobs stay ready to be counted
+    response = await client.post("/jobs/retry", json={"task": "boom", "limit": 2}, headers=AUTH)
+    assert response.status_code == 200 and (await response.get_json()) == {"count": 2}
+    assert (await queue.stats())["jobs"]["ready"] == 2
+    response = await client.post("/jobs/cancel", headers=AUTH)  # no body: every unfinished job
+    assert response.status_code == 200 and (await response.get_json()) == {"count": 4}
+    assert [(await queue.get(job.id)).state.value for job in slow] == ["cancelled", "cancelled"]
+    assert (await client.get("/jobs/retry", headers=AUTH)).status_code == 405
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -285,7 +329,8 @@ async def test_an_unusable_token_is_refused_not_taken_as_no_auth(queue: trioq.Qu
 
 async def test_405_says_which_methods_the_path_allows(client: Any) -> None:
     for method, path, allowed in [
-        ("PUT", "/jobs", "POST"),
+        ("PUT", "/jobs", "GET, HEAD, POST"),
+        ("GET", "/jobs/cancel", "POST"),
         ("DELETE", "/stats", "GET, HEAD"),
         ("POST", "/jobs/some-id", "DELETE, GET, HEAD"),
         ("GET", "/jobs/some-id/retry", "POST"),

@@ -193,7 +193,21 @@ def _adjust(case: Case, draw: Any, ids: list[str]) -> bool:
     if "job_id" in case.path_parameters:
         case.path_parameters = {"job_id": draw(st.sampled_from(ids))}
     body = case.body
-    if case.path == "/jobs":
+    if case.path == "/jobs" and case.method.upper() == "GET":
+        # A page starts from a job the queue holds: an id it never had is a 400.
+        query = dict(case.query or {})
+        query.pop("after", None)
+        after = draw(st.sampled_from([None, *ids]))
+        if after is not None:
+            query["after"] = after
+        case.query = query
+    elif case.path in ("/jobs/retry", "/jobs/cancel") and isinstance(body, dict):
+        # Each action takes its own states only (retry: dead or cancelled; cancel: unfinished ones).
+        states = ["dead", "cancelled"] if case.path == "/jobs/retry" else ["ready", "scheduled", "running", "waiting"]
+        body.pop("state", None)
+        state = draw(st.sampled_from([None, *states]))
+        case.body = body if state is None else {**body, "state": state}
+    elif case.path == "/jobs":
         case.body = _job(draw, body, ids)
     elif case.path == "/jobs/batch" and isinstance(body, dict) and isinstance(body.get("jobs"), list):
         jobs = body["jobs"][: draw(st.sampled_from([1, 2, 3, len(body["jobs"])]))] or body["jobs"]

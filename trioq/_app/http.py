@@ -11,6 +11,10 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
     POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?,
                                 "queue"?, "tenant"?, "deadline"?, "limits"?, "after"?} -> 202
     POST   /jobs/batch         {"jobs": [...]} -> 202, all or nothing
+    GET    /jobs               ?state=&task=&queue=&tenant=&limit=&after= -> {"jobs": [...], "next"}:
+                               a page, newest first; "next" (the last id, for after=) while pages are full
+    POST   /jobs/retry         {"state"?, "task"?, "queue"?, "tenant"?, "limit"?} -> {"count"}: retry_many
+    POST   /jobs/cancel        the same filters -> {"count"}: cancel_many
     GET    /jobs/<id>          the job, with "explain": why it is not running (queue.explain's reasons)
     DELETE /jobs/<id>          cancel it
     POST   /jobs/<id>/retry    run a dead or cancelled job again
@@ -186,6 +190,38 @@ def _spec(data: Any, where: str) -> JobSpec:
     )
 
 
+#: GET /jobs's query parameters; the body fields of POST /jobs/retry and /jobs/cancel.
+_LIST_PARAMETERS = frozenset({"state", "task", "queue", "tenant", "limit", "after"})
+_BULK_FIELDS = frozenset({"state", "task", "queue", "tenant", "limit"})
+
+
+def _one(args: Any, name: str) -> str | None:
+    """The query parameter ``name`` given at most once (``None``: not given); twice is a 400."""
+    values = args.getlist(name)
+    if len(values) > 1:
+        raise _HTTPError(400, f"{name} is given {len(values)} times; give it once", field=name)
+    return values[0] if values else None
+
+
+def _count(text: str | None, default: int) -> int:
+    """A ``limit`` query parameter as an int (its range is the queue's to check)."""
+    if text is None:
+        return default
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise _HTTPError(400, f"limit must be a whole number, got {text!r:.40}", field="limit")
+    return int(text)
+
+
+def _bulk(body: Any) -> dict[str, Any]:
+    """The filters of a bulk action's body (``{}`` or an empty body: every job the action can take)."""
+    if not isinstance(body, dict):
+        raise _HTTPError(400, "body must be a JSON object of filters (state, task, queue, tenant, limit)")
+    unknown = sorted(body.keys() - _BULK_FIELDS)
+    if unknown:
+        raise _HTTPError(400, f"unknown field {unknown[0]!r}", field=unknown[0])
+    return {name: _whole(value) for name, value in body.items()}
+
+
 def _whole(value: Any) -> Any:
     """JSON's 3.0 is an integer to JSON Schema, so it is one here too."""
     if isinstance(value, float) and value.is_integer():
@@ -251,8 +287,11 @@ async def _discard_some_body() -> None:
                 break
 
 
-async def _body(max_body: int) -> Any:
+async def _body(max_body: int, *, empty: Any = None) -> Any:
+    """The request body as JSON; an empty body is ``empty`` if given, else a 400."""
     raw = await _read_body(max_body)
+    if empty is not None and not raw.strip():
+        return empty
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -355,14 +394,15 @@ def _answering(max_body: int) -> Callable[[Callable[_P, Awaitable[_R]]], Callabl
 
 
 class _JobId(BaseConverter):
-    """A job id in a path: one segment, never ``batch`` (``/jobs/batch`` is the batch route's).
+    """A job id in a path: one segment, never ``batch``, ``retry`` or ``cancel`` (``/jobs/batch``,
+    ``/jobs/retry`` and ``/jobs/cancel`` are routes of their own).
 
     Without it, ``GET /jobs/batch`` would be routed as a lookup of a job
     called "batch" (and answer 404) instead of 405. Ids the stores make are
     hex with a dash, so no job can be called that.
     """
 
-    regex = r"(?!batch(?![^/]))[^/]+"
+    regex = r"(?!(?:batch|retry|cancel)(?![^/]))[^/]+"
     part_isolating = True  # it never matches a "/" (Werkzeug guesses False from the "/" in the regex)
 
 
@@ -592,6 +632,33 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
                 raise _HTTPError(400, f"jobs[0].{exc}", field=f"jobs[0].{exc.field}") from None
             raise
         return _json({"jobs": [{"id": j.id, "state": j.state.value} for j in jobs]}, 202)
+
+    @bp.get("/jobs")
+    @answering
+    async def list_jobs() -> Response:
+        args = request.args
+        unknown = sorted(set(args) - _LIST_PARAMETERS)
+        if unknown:
+            raise _HTTPError(400, f"unknown query parameter {unknown[0]!r}", field=unknown[0])
+        filters = {name: _one(args, name) for name in ("state", "task", "queue", "tenant")}
+        limit = _count(_one(args, "limit"), 100)
+        try:
+            jobs = await queue.list(**filters, limit=limit, after_id=_one(args, "after"))
+        except InvalidJob as exc:
+            field = "after" if exc.field == "after_id" else exc.field
+            raise _HTTPError(400, str(exc).replace("after_id", "after"), field=field) from None
+        following = jobs[-1].id if len(jobs) == limit else None
+        return _json({"jobs": [job.to_dict() for job in jobs], "next": following})
+
+    @bp.post("/jobs/retry")
+    @answering
+    async def retry_jobs() -> Response:
+        return _json({"count": await queue.retry_many(**_bulk(await _body(max_body, empty={})))})
+
+    @bp.post("/jobs/cancel")
+    @answering
+    async def cancel_jobs() -> Response:
+        return _json({"count": await queue.cancel_many(**_bulk(await _body(max_body, empty={})))})
 
     @bp.get(job_path)
     @answering

@@ -15,6 +15,7 @@ from typing import Any, Final
 import attrs
 
 from .._model import INT_MAX, INT_MIN, MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_PARENTS, JobState
+from .._runtime.listing import MAX_BULK, MAX_PAGE
 from .._runtime.totals import Totals
 
 __all__ = ["openapi_spec"]
@@ -293,6 +294,42 @@ def _schemas() -> dict[str, Any]:
             "properties": {"jobs": {"type": "array", "minItems": 1, "items": _schema("Accepted")}},
         },
         "Job": job,
+        "JobPage": {
+            "type": "object",
+            "required": ["jobs", "next"],
+            "additionalProperties": False,
+            "properties": {
+                "jobs": {"type": "array", "items": _schema("Job"), "description": "Newest enqueued first."},
+                "next": {
+                    "type": ["string", "null"],
+                    "description": (
+                        "The last job's id while the page is full: pass it as `after` for the next page (which may"
+                        " be empty); null once a page comes back short."
+                    ),
+                },
+            },
+        },
+        "BulkRequest": {
+            "type": "object",
+            "description": (
+                "Which jobs a bulk action takes (each field narrows it; none: every job the action can take), at"
+                " most `limit` of them, the newest first. An empty body is `{}`."
+            ),
+            "additionalProperties": False,
+            "properties": {
+                "state": _schema("JobState"),
+                "task": {"type": "string", **_NAME},
+                "queue": {"type": "string", **_LABEL},
+                "tenant": {"type": "string", **_LABEL},
+                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_BULK, "default": 1000},
+            },
+        },
+        "Count": {
+            "type": "object",
+            "required": ["count"],
+            "additionalProperties": False,
+            "properties": {"count": {"type": "integer", "minimum": 0, "description": "The jobs it changed."}},
+        },
         "Error": {
             "type": "object",
             "required": ["error"],
@@ -450,7 +487,12 @@ def _operation(
                 "required": True,
                 "description": "The job's id, as returned when it was enqueued.",
                 # /jobs/batch is the batch route, so "batch" is no job id (a 405 for GET and DELETE).
-                "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$", "not": {"const": "batch"}},
+                "schema": {
+                    "type": "string",
+                    "minLength": 1,
+                    "pattern": "^[^/]+$",
+                    "not": {"enum": ["batch", "retry", "cancel"]},
+                },
             }
         ]
     codes = dict(responses)
@@ -521,6 +563,7 @@ def _paths() -> dict[str, Any]:
             )
         },
         "/jobs": {
+            "get": _listing(),
             "post": _operation(
                 "enqueueJob",
                 "Enqueue one job.",
@@ -531,7 +574,7 @@ def _paths() -> dict[str, Any]:
                 },
                 tag="jobs",
                 request="JobRequest",
-            )
+            ),
         },
         "/jobs/batch": {
             "post": _operation(
@@ -546,6 +589,8 @@ def _paths() -> dict[str, Any]:
                 request="BatchRequest",
             )
         },
+        "/jobs/retry": {"post": _bulk("retryJobs", "Retry the dead or cancelled jobs the filters take (retry_many).")},
+        "/jobs/cancel": {"post": _bulk("cancelJobs", "Cancel the unfinished jobs the filters take (cancel_many).")},
         "/jobs/{job_id}": {
             "get": _operation(
                 "getJob",
@@ -585,6 +630,51 @@ def _paths() -> dict[str, Any]:
             "post": _switch("resumeQueue", "Let every node claim jobs of the named queue again.")
         },
     }
+
+
+def _listing() -> dict[str, Any]:
+    """GET /jobs: a page of jobs, newest first, by state, task, queue and tenant."""
+    operation = _operation(
+        "listJobs",
+        "A page of jobs, newest enqueued first, filtered by state, task, queue and tenant.",
+        {
+            "200": _json_body("The page.", _schema("JobPage")),
+            "400": _json_body(
+                "A bad filter, limit, or an `after` the queue no longer holds (`field` names it).", _schema("Error")
+            ),
+        },
+        tag="jobs",
+    )
+
+    def parameter(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+    operation["parameters"] = [
+        parameter("state", "Only jobs in this state.", _schema("JobState")),
+        parameter("task", "Only jobs of this task.", {"type": "string", **_NAME}),
+        parameter("queue", "Only jobs of this named queue.", {"type": "string", **_LABEL}),
+        parameter("tenant", "Only jobs of this tenant.", {"type": "string", **_LABEL}),
+        parameter("limit", "Jobs per page.", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100}),
+        parameter("after", "The `next` of the page before: list the jobs enqueued before it.", {"type": "string"}),
+    ]
+    return operation
+
+
+def _bulk(operation_id: str, summary: str) -> dict[str, Any]:
+    """POST /jobs/retry or /jobs/cancel: a bulk action over the jobs a filter takes."""
+    operation = _operation(
+        operation_id,
+        summary,
+        {
+            "200": _json_body("Done: how many jobs it changed.", _schema("Count")),
+            "400": _json_body("A bad filter or limit (`field` names it).", _schema("Error")),
+            "503": _response("Unavailable"),
+        },
+        tag="jobs",
+        request="BulkRequest",
+    )
+    operation["requestBody"]["required"] = False
+    return operation
 
 
 def _switch(operation_id: str, summary: str) -> dict[str, Any]:
