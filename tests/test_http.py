@@ -46,7 +46,7 @@ async def test_submit_poll_and_result(client: Any, queue: trioq.Queue) -> None:
     response = await client.post("/jobs", json={"task": "echo", "payload": {"text": "hi"}}, headers=AUTH)
     assert response.status_code == 202
     body = await response.get_json()
-    assert set(body) == {"id", "state"} and body["state"] == "ready"
+    assert body["state"] == "ready" and body["task"] == "echo" and body["payload"] == {"text": "hi"}
     await queue.wait(body["id"])
     response = await client.get(f"/jobs/{body['id']}", headers=AUTH)
     job = await response.get_json()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 import attrs
@@ -338,6 +338,19 @@ class Job:
         data["limits"] = list(self.limits)
         data["after"] = list(self.after)
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Job:
+        """The snapshot :meth:`to_dict` made ``data`` of (as the HTTP API sends it); keys it does not
+        know (``explain``, ``duplicate``) are ignored. Raises ``KeyError``, ``TypeError`` or
+        ``ValueError`` for a dict that is not such a job."""
+        fields = {f.name for f in attrs.fields(cls)}
+        known = {name: value for name, value in data.items() if name in fields}
+        known["state"] = JobState(known["state"])
+        known["errors"] = tuple(FailedAttempt(**e) for e in known.get("errors", ()))
+        known["limits"] = tuple(known.get("limits", ()))
+        known["after"] = tuple(known.get("after", ()))
+        return cls(**known)
 
 
 #: Types whose values always survive a JSON round trip (exact types: a

@@ -9,8 +9,8 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
                                histograms of queue wait and run time per task
     GET    /openapi.json       this API as an OpenAPI 3.1 document
     POST   /jobs               {"task", "payload"?, "delay"?, "priority"?, "key"?, "max_attempts"?,
-                                "queue"?, "tenant"?, "deadline"?, "limits"?, "after"?} -> 202
-    POST   /jobs/batch         {"jobs": [...]} -> 202, all or nothing
+                                "queue"?, "tenant"?, "deadline"?, "limits"?, "after"?} -> 202, the job
+    POST   /jobs/batch         {"jobs": [...]} -> 202 {"jobs": [the jobs]}, all or nothing
     GET    /jobs               ?state=&task=&queue=&tenant=&limit=&after= -> {"jobs": [...], "next"}:
                                a page, newest first; "next" (the last id, for after=) while pages are full
     POST   /jobs/retry         {"state"?, "task"?, "queue"?, "tenant"?, "limit"?} -> {"count"}: retry_many
@@ -609,8 +609,8 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     @bp.post("/jobs")
     @answering
     async def submit() -> Response:
-        job = await queue.enqueue_many([_spec(await _body(max_body), "")])
-        return _json({"id": job[0].id, "state": job[0].state.value}, 202)
+        (job,) = await queue.enqueue_many([_spec(await _body(max_body), "")])
+        return _json(job.to_dict(), 202)
 
     @bp.post("/jobs/batch")
     @answering
@@ -631,7 +631,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             if len(specs) == 1 and exc.field is not None and not exc.field.startswith("jobs["):
                 raise _HTTPError(400, f"jobs[0].{exc}", field=f"jobs[0].{exc.field}") from None
             raise
-        return _json({"jobs": [{"id": j.id, "state": j.state.value} for j in jobs]}, 202)
+        return _json({"jobs": [job.to_dict() for job in jobs]}, 202)
 
     @bp.get("/jobs")
     @answering

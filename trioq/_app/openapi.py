@@ -263,19 +263,11 @@ def _schemas() -> dict[str, Any]:
         },
     }
     accepted = {
-        "type": "object",
-        "required": ["id", "state"],
-        "additionalProperties": False,
-        "properties": {
-            "id": {"type": "string"},
-            "state": {
-                "$ref": "#/components/schemas/JobState",
-                "description": (
-                    "ready or scheduled; waiting for parents (after), or cancelled at once if one ended dead or"
-                    " cancelled; any state for a key that an existing job holds."
-                ),
-            },
-        },
+        **job,
+        "description": (
+            "The job as enqueued: ready or scheduled; waiting for parents (after), or cancelled at once if one"
+            " ended dead or cancelled; in any state when its key found a job that holds it (that job)."
+        ),
     }
     return {
         "JobState": {"type": "string", "enum": list(_STATES)},
