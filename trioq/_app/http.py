@@ -88,9 +88,25 @@ _R = TypeVar("_R")
 
 
 class _HTTPError(Exception):
-    def __init__(self, status: int, error: str, *, field: str | None = None, headers: dict[str, str] | None = None):
+    """An answer in the JSON error shape: ``{"error", "field"?, "type"?, "retry_after"?}``.
+
+    ``type`` names the trioq error a route met (``InvalidJob``, ``UnknownTask``, ``JobNotFound``,
+    ``QueueFull``, ``TrioqError``), so that a client raises the same; ``retry_after`` is a
+    ``QueueFull``'s own seconds (the ``Retry-After`` header holds them rounded up)."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        kind: str | None = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(error)
         self.status, self.error, self.field, self.headers = status, error, field, headers or {}
+        self.kind, self.retry_after = kind, retry_after
 
     def response(self) -> Response:
         # Lone surrogates (echoed from a bad input) as backslash escapes: json.dumps
@@ -98,6 +114,10 @@ class _HTTPError(Exception):
         body: dict[str, Any] = {"error": _printable(self.error)}
         if self.field is not None:
             body["field"] = _printable(self.field)
+        if self.kind is not None:
+            body["type"] = self.kind
+        if self.retry_after is not None:
+            body["retry_after"] = self.retry_after
         return _json(body, self.status, self.headers)
 
 
@@ -308,15 +328,16 @@ async def _body(max_body: int, *, empty: Any = None) -> Any:
 def _translate(exc: TrioqError) -> _HTTPError | None:
     """The answer to a trioq error a route may meet, or ``None`` if it is a bug (a 500)."""
     if isinstance(exc, QueueFull):
-        return _HTTPError(503, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        return _HTTPError(503, str(exc), headers=headers, kind="QueueFull", retry_after=exc.retry_after)
     if isinstance(exc, UnknownTask):
-        return _HTTPError(400, str(exc), field="task")
+        return _HTTPError(400, str(exc), field="task", kind="UnknownTask")
     if isinstance(exc, InvalidJob):
-        return _HTTPError(400, str(exc), field=exc.field)
+        return _HTTPError(400, str(exc), field=exc.field, kind="InvalidJob")
     if isinstance(exc, JobNotFound):
-        return _HTTPError(404, str(exc))
+        return _HTTPError(404, str(exc), kind="JobNotFound")
     if type(exc) is TrioqError:  # what the queue raises once it is shutting down
-        return _HTTPError(503, str(exc), headers={"Retry-After": "5"})
+        return _HTTPError(503, str(exc), headers={"Retry-After": "5"}, kind="TrioqError")
     return None  # WALCorruption, SimulatedCrash, ...: not the client's to retry
 
 
@@ -625,11 +646,11 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             jobs = await queue.enqueue_many(specs)
         except UnknownTask as exc:
             missing = next(i for i, s in enumerate(specs) if s.task not in queue.registry)
-            raise _HTTPError(400, str(exc), field=f"jobs[{missing}].task") from None
+            raise _HTTPError(400, str(exc), field=f"jobs[{missing}].task", kind="UnknownTask") from None
         except InvalidJob as exc:
             # The queue names a batch's fields jobs[i]. only when it holds more than one job.
             if len(specs) == 1 and exc.field is not None and not exc.field.startswith("jobs["):
-                raise _HTTPError(400, f"jobs[0].{exc}", field=f"jobs[0].{exc.field}") from None
+                raise _HTTPError(400, f"jobs[0].{exc}", field=f"jobs[0].{exc.field}", kind="InvalidJob") from None
             raise
         return _json({"jobs": [job.to_dict() for job in jobs]}, 202)
 
@@ -646,7 +667,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             jobs = await queue.list(**filters, limit=limit, after_id=_one(args, "after"))
         except InvalidJob as exc:
             field = "after" if exc.field == "after_id" else exc.field
-            raise _HTTPError(400, str(exc).replace("after_id", "after"), field=field) from None
+            raise _HTTPError(400, str(exc).replace("after_id", "after"), field=field, kind="InvalidJob") from None
         following = jobs[-1].id if len(jobs) == limit else None
         return _json({"jobs": [job.to_dict() for job in jobs], "next": following})
 
@@ -679,7 +700,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         try:
             return _json((await queue.retry(job_id)).to_dict())
         except InvalidJob as exc:
-            raise _HTTPError(409, str(exc), field=exc.field) from None
+            raise _HTTPError(409, str(exc), field=exc.field, kind="InvalidJob") from None
 
     @bp.post("/queues/<name>/pause")
     @answering

@@ -332,6 +332,15 @@ def _schemas() -> dict[str, Any]:
                     "type": "string",
                     "description": 'The offending field, e.g. "delay" or "jobs[1].task".',
                 },
+                "type": {
+                    "enum": ["InvalidJob", "UnknownTask", "JobNotFound", "QueueFull", "TrioqError"],
+                    "description": "The trioq error behind the answer, where there is one (trioq.client raises it).",
+                },
+                "retry_after": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "QueueFull only: seconds to wait before enqueueing again (unrounded).",
+                },
             },
         },
         "Health": {

@@ -1,0 +1,133 @@
+"""trioq.client against a live HTTP server on 127.0.0.1 (hypercorn in the test's nursery): AsyncClient under
+trio and under asyncio, Client (sync) from a thread; every call, and the trioq errors they raise."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+import trioq
+from trioq import JobSpec, JobState
+from trioq.client import AsyncClient, Client
+from trioq.http import create_app
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "s3cret"
+
+
+def _registry() -> trioq.Registry:
+    registry = trioq.Registry()
+
+    @registry.task
+    async def add(ctx: trioq.JobContext, a: int, b: int) -> int:
+        return a + b
+
+    @registry.task(max_attempts=1)
+    async def fail(ctx: trioq.JobContext) -> None:
+        raise RuntimeError("no")
+
+    @registry.task
+    async def total(ctx: trioq.JobContext) -> int:
+        return sum(ctx.parents.values())
+
+    @registry.task
+    async def sleepy(ctx: trioq.JobContext) -> None:
+        await trio.sleep(3600)
+
+    return registry
+
+
+@asynccontextmanager
+async def live_server(**options: object) -> AsyncIterator[tuple[trioq.Queue, str]]:
+    """A queue behind its HTTP app, served on 127.0.0.1 and a free port; its address."""
+    async with trioq.open_queue(_registry(), workers=4, shutdown_grace=0, **options) as queue:  # type: ignore[arg-type]
+        config = Config()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        config.graceful_timeout = 0.1
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            app = create_app(queue, token=TOKEN)
+            binds = await nursery.start(functools.partial(serve, app, config, shutdown_trigger=stop.wait))
+            yield queue, binds[0]
+            stop.set()
+
+
+async def exercise(client: AsyncClient) -> None:
+    """Every call of an AsyncClient (whichever loop runs it)."""
+    job = await client.enqueue("add", {"a": 2, "b": 3}, priority=5, tenant="acme")
+    assert isinstance(job, trioq.Job) and job.task == "add" and job.priority == 5 and job.tenant == "acme"
+    done = await client.wait(job.id, timeout=10)
+    assert done.state is JobState.SUCCEEDED and done.result == 5
+    flow = await client.enqueue_many(
+        [JobSpec("add", {"a": 1, "b": 1}), JobSpec("add", {"a": 2, "b": 2}), JobSpec("total", after=[0, 1])]
+    )
+    assert flow[2].state is JobState.WAITING and flow[2].after == (flow[0].id, flow[1].id)
+    assert (await client.wait(flow[2].id, timeout=10)).result == 6
+    dead = await client.wait((await client.enqueue("fail")).id, timeout=10)
+    assert dead.state is JobState.DEAD and dead.errors[0].error == "RuntimeError: no"
+    assert (await client.retry(dead.id)).state is JobState.READY
+    with pytest.raises(trioq.InvalidJob) as excinfo:
+        await client.retry(done.id)
+    assert excinfo.value.field == "state"
+    sleeping = await client.enqueue("sleepy", delay=600)
+    assert (await client.cancel(sleeping.id)).state is JobState.CANCELLED
+    listed = await client.list(task="add", state="succeeded")
+    assert [j.id for j in listed] == [flow[1].id, flow[0].id, job.id]
+    assert [j.id for j in await client.list(task="add", limit=1, after_id=flow[1].id)] == [flow[0].id]
+    assert (await client.stats())["jobs"]["cancelled"] == 1
+    with pytest.raises(trioq.UnknownTask):
+        await client.enqueue("nope")
+    with pytest.raises(trioq.InvalidJob) as excinfo:
+        await client.enqueue("add", {"a": 1, "b": 2}, delay=-1)
+    assert excinfo.value.field == "delay"
+    with pytest.raises(trioq.JobNotFound):
+        await client.get("no-such-job")
+    with pytest.raises(trioq.WaitTimeout):
+        await client.wait((await client.enqueue("sleepy")).id, timeout=0.1)
+
+
+async def test_async_client_under_trio() -> None:
+    async with live_server() as (_queue, url), AsyncClient(url, token=TOKEN) as client:
+        with trio.fail_after(30):
+            await exercise(client)
+
+
+async def test_async_client_under_asyncio() -> None:
+    async def main(url: str) -> None:
+        async with AsyncClient(url, token=TOKEN) as client:
+            await asyncio.wait_for(exercise(client), 30)
+
+    async with live_server() as (_queue, url):
+        await trio.to_thread.run_sync(asyncio.run, main(url))
+
+
+async def test_sync_client_from_a_thread_and_the_errors_of_a_first_hour() -> None:
+    def use(url: str) -> None:
+        with Client(url, token=TOKEN) as client:
+            job = client.enqueue("add", {"a": 20, "b": 22})
+            assert client.wait(job.id, timeout=10).result == 42
+            assert client.get(job.id).state is JobState.SUCCEEDED
+            with pytest.raises(trioq.QueueFull) as full:
+                for _ in range(5):
+                    client.enqueue("sleepy", delay=600)
+            assert full.value.retry_after > 0
+            assert client.cancel(client.list(state="scheduled")[0].id).state is JobState.CANCELLED
+        with Client(url, token="wrong") as stranger, pytest.raises(trioq.TrioqError, match="token"):
+            stranger.stats()
+
+    async with live_server(max_ready=3) as (_queue, url):
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(use, url)
+    with Client(url) as client, pytest.raises(trioq.TrioqError, match="cannot reach"):
+        client.stats()  # the server is gone
+    with pytest.raises(ValueError, match="http"):
+        Client("127.0.0.1:8000")
