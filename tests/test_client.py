@@ -84,6 +84,11 @@ async def exercise(client: AsyncClient) -> None:
     assert [j.id for j in listed] == [flow[1].id, flow[0].id, job.id]
     assert [j.id for j in await client.list(task="add", limit=1, after_id=flow[1].id)] == [flow[0].id]
     assert (await client.stats())["jobs"]["cancelled"] == 1
+    assert await client.retry_many(state="cancelled") == 1
+    assert await client.cancel_many(task="sleepy") == 1
+    with pytest.raises(trioq.InvalidJob) as excinfo:
+        await client.retry_many(state="ready")
+    assert excinfo.value.field == "state"
     with pytest.raises(trioq.UnknownTask):
         await client.enqueue("nope")
     with pytest.raises(trioq.InvalidJob) as excinfo:

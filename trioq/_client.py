@@ -56,6 +56,12 @@ def _spec_body(spec: JobSpec) -> dict[str, Any]:
     return body
 
 
+def _bulk(state: Any, task: Any, queue: Any, tenant: Any, limit: int) -> dict[str, Any]:
+    """The body of ``POST /jobs/retry`` or ``/jobs/cancel``: the filters given."""
+    body = {"state": getattr(state, "value", state), "task": task, "queue": queue, "tenant": tenant, "limit": limit}
+    return {name: value for name, value in body.items() if value is not None}
+
+
 class _Calls:
     """Requests and answers of each call, without I/O: ``(method, path, params, json)`` out, a Job in."""
 
@@ -193,6 +199,30 @@ class Client:
         params = self._calls.listing(state, task, queue, tenant, limit, after_id)
         return [Job.from_dict(job) for job in self._send("GET", "/jobs", params=params)["jobs"]]
 
+    def retry_many(
+        self,
+        state: str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """:meth:`Queue.retry_many <trioq.Queue.retry_many>` over HTTP: how many it retried."""
+        count: int = self._send("POST", "/jobs/retry", json=_bulk(state, task, queue, tenant, limit))["count"]
+        return count
+
+    def cancel_many(
+        self,
+        state: str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """:meth:`Queue.cancel_many <trioq.Queue.cancel_many>` over HTTP: how many it cancelled."""
+        count: int = self._send("POST", "/jobs/cancel", json=_bulk(state, task, queue, tenant, limit))["count"]
+        return count
+
     def stats(self) -> dict[str, Any]:
         """The service's :meth:`Queue.stats <trioq.Queue.stats>`."""
         stats: dict[str, Any] = self._send("GET", "/stats")
@@ -279,6 +309,32 @@ class AsyncClient:
         """See :meth:`Client.list`."""
         params = self._calls.listing(state, task, queue, tenant, limit, after_id)
         return [Job.from_dict(job) for job in (await self._send("GET", "/jobs", params=params))["jobs"]]
+
+    async def retry_many(
+        self,
+        state: str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """See :meth:`Client.retry_many`."""
+        body = await self._send("POST", "/jobs/retry", json=_bulk(state, task, queue, tenant, limit))
+        count: int = body["count"]
+        return count
+
+    async def cancel_many(
+        self,
+        state: str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """See :meth:`Client.cancel_many`."""
+        body = await self._send("POST", "/jobs/cancel", json=_bulk(state, task, queue, tenant, limit))
+        count: int = body["count"]
+        return count
 
     async def stats(self) -> dict[str, Any]:
         """See :meth:`Client.stats`."""

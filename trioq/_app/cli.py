@@ -1,5 +1,5 @@
-"""The ``trioq`` command: ``serve``, ``worker``, ``loadgen``, ``demo``, ``wal verify|inspect``, ``pg migrate``
-and ``cron list``."""
+"""The ``trioq`` command: ``serve``, ``worker``, ``loadgen``, ``demo``, ``jobs list|show|retry|cancel``,
+``wal verify|inspect``, ``pg migrate`` and ``cron list``."""
 
 from __future__ import annotations
 
@@ -129,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--wal", metavar="DIR", help="read the last ticks from this WAL directory (read-only)")
     listing.add_argument("--schema", default="trioq", help="with --postgres: the queue's schema (default trioq)")
     listing.add_argument("--json", action="store_true", help="print a JSON list, as stats()['cron'] shows them")
+    from .jobscli import add_parser as add_jobs
+
+    add_jobs(commands)
     return parser
 
 
@@ -191,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         from .croncli import list_command
 
         return list_command(args.app, wal=args.wal, postgres=args.postgres, schema=args.schema, as_json=args.json)
+    if args.command == "jobs":
+        from .jobscli import jobs_command
+
+        return jobs_command(args)
     if args.command == "demo":
         from .demo import demo
 

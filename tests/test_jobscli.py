@@ -1,0 +1,125 @@
+"""``trioq jobs list|show|retry|cancel`` on a WAL directory, a live server (--url) and PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import trio
+
+import trioq
+from trioq._app.cli import main
+
+from .test_client import TOKEN, live_server
+
+pytestmark = pytest.mark.slow
+
+
+def _registry() -> trioq.Registry:
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def fail(ctx: trioq.JobContext, n: int) -> None:
+        raise RuntimeError(f"failed {n}")
+
+    @registry.task
+    async def ok(ctx: trioq.JobContext) -> str:
+        return "fine"
+
+    return registry
+
+
+def run(*argv: str) -> str:
+    """``trioq`` with ``argv``; its stdout (a failure raises SystemExit)."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+def _fill(directory: Path) -> list[str]:
+    """Three dead jobs and two succeeded ones in a WAL directory; their ids, oldest first."""
+
+    async def fill() -> list[str]:
+        async with trioq.open_queue(_registry(), store=trioq.WALStore(directory), workers=2) as queue:
+            jobs = [await queue.enqueue("fail", {"n": n}) for n in range(3)]
+            jobs += [await queue.enqueue("ok") for _ in range(2)]
+            await queue.join()
+            return [job.id for job in jobs]
+
+    return trio.run(fill)
+
+
+def test_list_show_retry_and_cancel_on_a_wal_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "wal"
+    ids = _fill(directory)
+    listed = json.loads(run("jobs", "list", "--wal", str(directory), "--json"))
+    assert [job["id"] for job in listed] == ids[::-1]
+    dead = json.loads(run("jobs", "list", "--wal", str(directory), "--state", "dead", "--limit", "2", "--json"))
+    assert [job["id"] for job in dead] == [ids[2], ids[1]]
+    table = run("jobs", "list", "--wal", str(directory), "--state", "dead", "--limit", "2")
+    assert "RuntimeError: failed 2" in table and ids[2] in table and f"more: --after {ids[1]}" in table
+    shown = run("jobs", "show", ids[0], "--wal", str(directory))
+    assert "state: dead" in shown and "attempt 1 failed" in shown and 'raise RuntimeError(f"failed {n}")' in shown
+    assert "retried 3 job(s)" in run("jobs", "retry", "--wal", str(directory), "--state", "dead")
+    again = json.loads(run("jobs", "show", ids[1], "--wal", str(directory), "--json"))
+    assert again["state"] == "ready" and again["attempts"] == 0
+    cancelled = json.loads(run("jobs", "cancel", ids[1], "--wal", str(directory), "--json"))
+    assert [job["state"] for job in cancelled] == ["cancelled"]
+    assert json.loads(run("jobs", "cancel", "--wal", str(directory), "--json")) == {"count": 2}
+
+
+def test_clean_one_line_errors(tmp_path: Path) -> None:
+    directory = tmp_path / "wal"
+    ids = _fill(directory)
+    for argv, message in [
+        (["jobs", "list", "--wal", str(tmp_path / "nope")], "no WAL directory at"),
+        (["jobs", "show", "no-such-job", "--wal", str(directory)], "no-such-job"),
+        (["jobs", "list", "--url", "127.0.0.1:1"], "http:// or https://"),
+        (["jobs", "list", "--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+        (["jobs", "retry", ids[0], "--state", "dead", "--wal", str(directory)], "ids or filters"),
+        (["jobs", "list", "--limit", "0", "--wal", str(directory)], "limit must be"),
+    ]:
+        with pytest.raises(SystemExit) as excinfo:
+            main(argv)
+        text = str(excinfo.value.code)
+        assert message in text and "\n" not in text and "Traceback" not in text, (argv, text)
+
+    async def locked() -> None:
+        async with trioq.open_queue(_registry(), store=trioq.WALStore(directory), workers=0):
+            with pytest.raises(SystemExit, match=r"open by a running queue.*--url"):
+                await trio.to_thread.run_sync(main, ["jobs", "retry", "--wal", str(directory)])
+            # Reading works meanwhile: list and show replay the log read-only.
+            await trio.to_thread.run_sync(main, ["jobs", "list", "--wal", str(directory)])
+
+    trio.run(locked)
+
+
+async def test_list_and_act_through_a_running_server() -> None:
+    async with live_server() as (queue, url):
+        dead = await queue.enqueue("fail")
+        await queue.wait(dead.id)
+        listed = await trio.to_thread.run_sync(run, "jobs", "list", "--url", url, "--token", TOKEN, "--json")
+        assert [job["id"] for job in json.loads(listed)] == [dead.id]
+        answer = await trio.to_thread.run_sync(run, "jobs", "retry", dead.id, "--url", url, "--token", TOKEN, "--json")
+        assert json.loads(answer)[0]["attempts"] == 0
+        with pytest.raises(SystemExit, match="bearer token"):
+            await trio.to_thread.run_sync(main, ["jobs", "list", "--url", url, "--token", "wrong"])
+
+
+def test_list_and_act_on_postgres(pg_dsn: str) -> None:
+    async def fill() -> str:
+        store = trioq.PostgresStore(pg_dsn)
+        async with trioq.open_queue(_registry(), store=store, workers=1) as queue:
+            job = await queue.enqueue("fail", {"n": 7})
+            return (await queue.wait(job.id)).id
+
+    dead = trio.run(fill)
+    assert json.loads(run("jobs", "list", "--postgres", pg_dsn, "--state", "dead", "--json"))[0]["id"] == dead
+    assert "retried 1 job(s)" in run("jobs", "retry", "--postgres", pg_dsn)
+    assert json.loads(run("jobs", "show", dead, "--postgres", pg_dsn, "--json"))["state"] == "ready"
+    with pytest.raises(SystemExit, match="trioq jobs list: "):
+        main(["jobs", "list", "--postgres", pg_dsn, "--schema", "nothing_here"])
