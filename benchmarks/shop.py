@@ -31,7 +31,7 @@ One run, per store:
 
 Processes: memory and WAL run in this process (the gateway is called
 directly); PostgreSQL runs the shop's API (``python -m shop.api``) and two
-``trioq worker --app shop.app:registry`` processes on a throwaway cluster
+``trioq worker --app shop.worker:registry`` processes on a throwaway cluster
 (``tests/pgcluster.py``, unless ``--dsn``), the fake gateway served over HTTP
 on 127.0.0.1 from this process so that one instance counts every request.
 
@@ -525,7 +525,16 @@ async def run_postgres(
             api_command = [sys.executable, "-m", "shop.api", "--postgres", dsn, "--port", "0", "--lease", str(lease)]
             api = await trio.to_thread.run_sync(Child, "api", api_command, env, logs, _API_BANNER)
             children.append(api)
-            worker_command = [sys.executable, "-m", "trioq", "worker", "--postgres", dsn, "--app", "shop.app:registry"]
+            worker_command = [
+                sys.executable,
+                "-m",
+                "trioq",
+                "worker",
+                "--postgres",
+                dsn,
+                "--app",
+                "shop.worker:registry",
+            ]
             worker_command += ["--lease", str(lease), "--workers", "8", "--shutdown-grace", "2"]
             workers = []
             for n in range(2):

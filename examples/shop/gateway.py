@@ -305,20 +305,25 @@ async def serve(
 
 
 class HTTPGateway:
-    """The gateway's client over HTTP (``trioq worker`` processes use it); the same ``charge`` as FakeGateway."""
+    """The gateway's client over HTTP (``trioq worker`` processes use it); the same ``charge`` as FakeGateway.
+
+    The HTTP client is built here, not at the first charge: importing httpx and building its client
+    (its TLS context) takes a few hundred milliseconds of the event loop, which a charge the limiter
+    just let start must not spend before its request leaves.
+    """
 
     def __init__(self, url: str, *, timeout: float = 5.0) -> None:
+        import httpx
+
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._client: Any = None
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=limits)
 
     async def charge(self, *, order_id: str, amount: int, method: str, idempotency_key: str) -> ChargeResult:
         """POST /charges; raises :class:`RateLimited` (429) or :class:`GatewayFailure` (5xx, or no answer)."""
         import httpx
 
-        if self._client is None:
-            limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=limits)
         body = {"order_id": order_id, "amount": amount, "method": method, "idempotency_key": idempotency_key}
         try:
             response = await self._client.post("/charges", json=body)
