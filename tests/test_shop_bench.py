@@ -100,11 +100,6 @@ def test_shop_on_postgres_processes(pg_cluster: Cluster | ExternalCluster) -> No
     assert export["kill_to_resume_s"] >= LEASE * 0.5  # the dead node's lease had to lapse first
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="on PostgreSQL the gateway sees 1-2 requests past its 20/s bucket early in the run (starts_over_gcra"
-    " >= 1 in the handlers' own journal too): reported to the limiter's owner",
-)
 def test_postgres_gateway_limits_hold() -> None:
     if not _PG_GATEWAY:
         pytest.skip("the PostgreSQL shop run did not run")
