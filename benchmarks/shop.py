@@ -31,9 +31,11 @@ One run, per store:
 
 Processes: memory and WAL run in this process (the gateway is called
 directly); PostgreSQL runs the shop's API (``python -m shop.api``) and two
-``trioq worker --app shop.app:registry`` processes on a throwaway cluster
-(``tests/pgcluster.py``, unless ``--dsn``), the fake gateway served over HTTP
-on 127.0.0.1 from this process so that one instance counts every request.
+``trioq worker --app shop.worker:registry`` processes on a throwaway cluster
+(``tests/pgcluster.py``, unless ``--dsn``), and the fake gateway as a process
+of its own (``python -m shop.gateway``, on 127.0.0.1), so that one instance
+counts every request and the times it stamps on them are not held up by this
+process's clients.
 
 Figures: the busiest second at the gateway (most requests in any 1 s
 window) and its 429s; payment-job enqueue → first start (p50, p90);
@@ -78,7 +80,7 @@ from benchmarks._common import env_line, logger, percentile, r3  # noqa: E402
 
 from shop import FakeGateway, LocalDB, OutOfStock, PostgresDB, Shop, registry, use  # noqa: E402
 from shop.api import place_order  # noqa: E402
-from shop.gateway import busiest_window, serve  # noqa: E402
+from shop.gateway import busiest_window  # noqa: E402
 
 log = logger("shop")
 
@@ -102,8 +104,6 @@ KILN = {
     "resume_s": "14 s (MySQL), 24 s (SQLite)",
 }
 TERMINAL = {"succeeded", "dead", "cancelled"}
-#: The last PostgreSQL run's gateway (its request log, for a look after the run).
-LAST_GATEWAY: FakeGateway | None = None
 
 
 # ------------------------------------------------------------------ load
@@ -257,8 +257,9 @@ def _order_of(payload: Any) -> str | None:
     return str(value) if value is not None else None
 
 
-def _gateway_stats(gateway: FakeGateway, since: float | None = None) -> dict[str, Any]:
-    stats = gateway.stats()
+def _gateway_stats(stats: dict[str, Any], since: float | None = None) -> dict[str, Any]:
+    """The gateway's :meth:`FakeGateway.stats` without its request times (``since``: busiest second from then)."""
+    stats = dict(stats)
     times = stats.pop("request_times")
     if since is not None:
         stats["busiest_second"] = busiest_window([t for t in times if t >= since])
@@ -316,7 +317,7 @@ async def run_inprocess(
         order_ids = {o["id"] for o in await db.rows("orders")}
         stock["stock_left"] = next(int(i["stock"]) for i in await db.rows("items") if i["sku"] == LIMITED)
         emails = Counter(e["order_id"] for e in await db.rows("emails"))
-        line = figures(all_placed, attempts, jobs, order_ids, _gateway_stats(gateway))
+        line = figures(all_placed, attempts, jobs, order_ids, _gateway_stats(gateway.stats()))
         line["emails_per_order_max"] = max(emails.values(), default=0)
         line["stock"] = stock
         line["seconds"] = r3(elapsed)
@@ -419,6 +420,7 @@ async def _wal_export_child(directory: Path, batch: int, pause: float, enqueue: 
 
 
 _API_BANNER = re.compile(r"shop api serving on (http://\S+)")
+_GATEWAY_BANNER = re.compile(r"fake gateway serving on (http://\S+)")
 _WORKER_BANNER = re.compile(r"trioq worker (\S+):")
 
 
@@ -511,72 +513,79 @@ async def run_postgres(
     db = PostgresDB(dsn, max_size=4)
     db.create_tables()
     db.seed({WIDGET[0]: WIDGET[1:], LIMITED: (UNITS, 4_990)})
-    gateway = FakeGateway(seed=seed)
-    global LAST_GATEWAY
-    LAST_GATEWAY = gateway
     logs = Path(tempfile.mkdtemp(prefix="trioq-shop-"))
     children: list[Child] = []
-    shutdown = trio.Event()
     try:
-        async with trio.open_nursery() as nursery:
-            url = await nursery.start(lambda task_status: serve(gateway, shutdown=shutdown, task_status=task_status))
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(_ROOT)]), PYTHONUNBUFFERED="1")
-            env.update(SHOP_DSN=dsn, SHOP_GATEWAY=url)
-            api_command = [sys.executable, "-m", "shop.api", "--postgres", dsn, "--port", "0", "--lease", str(lease)]
-            api = await trio.to_thread.run_sync(Child, "api", api_command, env, logs, _API_BANNER)
-            children.append(api)
-            worker_command = [sys.executable, "-m", "trioq", "worker", "--postgres", dsn, "--app", "shop.app:registry"]
-            worker_command += ["--lease", str(lease), "--workers", "8", "--shutdown-grace", "2"]
-            workers = []
-            for n in range(2):
-                child = await trio.to_thread.run_sync(Child, f"worker{n}", worker_command, env, logs, _WORKER_BANNER)
-                children.append(child)
-                workers.append(child)
-            log(f"api {api.banner} (pid {api.pid}), workers {[w.pid for w in workers]}, gateway {url}")
-            limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-            async with httpx.AsyncClient(base_url=api.banner, timeout=30, limits=limits) as client:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(_ROOT)]), PYTHONUNBUFFERED="1")
+        gateway_command = [sys.executable, "-m", "shop.gateway", "--port", "0", "--seed", str(seed)]
+        gateway = await trio.to_thread.run_sync(Child, "gateway", gateway_command, env, logs, _GATEWAY_BANNER)
+        children.append(gateway)
+        url = gateway.banner
+        env.update(SHOP_DSN=dsn, SHOP_GATEWAY=url)
+        api_command = [sys.executable, "-m", "shop.api", "--postgres", dsn, "--port", "0", "--lease", str(lease)]
+        api = await trio.to_thread.run_sync(Child, "api", api_command, env, logs, _API_BANNER)
+        children.append(api)
+        worker_command = [
+            sys.executable,
+            "-m",
+            "trioq",
+            "worker",
+            "--postgres",
+            dsn,
+            "--app",
+            "shop.worker:registry",
+        ]
+        worker_command += ["--lease", str(lease), "--workers", "8", "--shutdown-grace", "2"]
+        workers = []
+        for n in range(2):
+            child = await trio.to_thread.run_sync(Child, f"worker{n}", worker_command, env, logs, _WORKER_BANNER)
+            children.append(child)
+            workers.append(child)
+        log(f"api {api.banner} (pid {api.pid}), workers {[w.pid for w in workers]}, gateway {url}")
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(base_url=api.banner, timeout=30, limits=limits) as client:
 
-                async def place(**order: Any) -> dict[str, Any] | None:
-                    response = await client.post("/orders", json=order)
-                    if response.status_code == 409:
-                        return None
-                    if response.status_code != 201:
-                        raise RuntimeError(f"POST /orders: {response.status_code} {response.text}")
-                    placed: dict[str, Any] = response.json()
-                    return placed
+            async def place(**order: Any) -> dict[str, Any] | None:
+                response = await client.post("/orders", json=order)
+                if response.status_code == 409:
+                    return None
+                if response.status_code != 201:
+                    raise RuntimeError(f"POST /orders: {response.status_code} {response.text}")
+                placed: dict[str, Any] = response.json()
+                return placed
 
-                started = time.monotonic()
-                stock = await stock_phase(place)
-                lock_info: dict[str, Any] = {}
-                locker: list[threading.Thread] = []
+            started = time.monotonic()
+            stock = await stock_phase(place)
+            lock_info: dict[str, Any] = {}
+            locker: list[threading.Thread] = []
 
-                def halfway() -> None:
-                    if lock:
-                        thread = threading.Thread(target=_lock_limit_row, args=(dsn, 1.0, lock_info), daemon=True)
-                        thread.start()
-                        locker.append(thread)
+            def halfway() -> None:
+                if lock:
+                    thread = threading.Thread(target=_lock_limit_row, args=(dsn, 1.0, lock_info), daemon=True)
+                    thread.start()
+                    locker.append(thread)
 
-                placed = await order_phase(place, orders, clients, think, seed, halfway)
-                all_placed = [*stock.pop("placed"), *placed]
-                ids = [job for p in all_placed for job in p["jobs"].values()]
+            placed = await order_phase(place, orders, clients, think, seed, halfway)
+            all_placed = [*stock.pop("placed"), *placed]
+            ids = [job for p in all_placed for job in p["jobs"].values()]
 
-                def unfinished() -> int:
-                    sql = "SELECT count(*) FROM trioq.jobs WHERE id = ANY(%s) AND state <> ALL(%s)"
-                    return int(_pg_rows(dsn, sql, (ids, list(TERMINAL)))[0][0])
+            def unfinished() -> int:
+                sql = "SELECT count(*) FROM trioq.jobs WHERE id = ANY(%s) AND state <> ALL(%s)"
+                return int(_pg_rows(dsn, sql, (ids, list(TERMINAL)))[0][0])
 
-                with trio.fail_after(TIMEOUT):
-                    while await trio.to_thread.run_sync(unfinished):  # noqa: ASYNC110 (another process's state)
-                        await trio.sleep(0.05)
-                elapsed = time.monotonic() - started
-                for thread in locker:
-                    await trio.to_thread.run_sync(thread.join, 10)
-                gateway_stats = _gateway_stats(gateway)
-                export = None
-                if kill:
-                    export = await _pg_export_kill(client, dsn, workers, lease, export_batch, export_pause, kill_after)
-            shutdown.set()
-            for child in children:
-                await trio.to_thread.run_sync(child.stop)
+            with trio.fail_after(TIMEOUT):
+                while await trio.to_thread.run_sync(unfinished):  # noqa: ASYNC110 (another process's state)
+                    await trio.sleep(0.05)
+            elapsed = time.monotonic() - started
+            for thread in locker:
+                await trio.to_thread.run_sync(thread.join, 10)
+            gateway_stats = _gateway_stats((await client.get(f"{url}/stats")).json())
+            export = None
+            if kill:
+                export = await _pg_export_kill(client, dsn, workers, lease, export_batch, export_pause, kill_after)
+        # Workers and the API first, the gateway last (it is the first child).
+        for child in reversed(children):
+            await trio.to_thread.run_sync(child.stop)
         rows = await trio.to_thread.run_sync(
             _pg_rows, dsn, "SELECT id, task, state, finished_at, payload::text FROM trioq.jobs"
         )
@@ -604,8 +613,7 @@ async def run_postgres(
         line["lease_s"] = lease
         return line
     finally:
-        shutdown.set()
-        for child in children:
+        for child in reversed(children):
             child.stop(grace=1.0)
         db.close()
 

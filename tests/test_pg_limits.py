@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,6 +21,7 @@ import trioq
 from trioq import Job, JobState
 from trioq._model import RATE_SLACK, Limit
 from trioq.stores import ClaimRequest, NewJob, StoreConfig, Succeeded
+from trioq.stores.postgres import _limits
 from trioq.stores.postgres import _transitions as sql
 
 from .pgplans import START, Clock, claim_plan, jobs_scans
@@ -153,6 +155,57 @@ async def test_a_rate_holds_across_two_nodes(pg_dsn: str) -> None:
             assert j - i + 1 <= 2 + 8.0 * (window + RATE_SLACK) + 1e-9, f"{j - i + 1} starts in {window:.3f} s"
     assert len(starts) == 30
     assert starts[:3] == [START, START, START + 0.125] and starts[-1] == START + 28 * 0.125  # at the rate
+
+
+def _lock_key(conn: psycopg.Connection[Any], schema: str, how: str) -> None:
+    """Hold "api" as another transaction may: a node's claim (its advisory lock), or anyone's row lock."""
+    if how == "advisory":
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_limits.lock_id(schema, "api"),))
+    else:
+        conn.execute(f"SELECT tat FROM {schema}.limit_rates WHERE key = 'api' FOR UPDATE")
+
+
+def _waiting_for_a_lock(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("how", ["advisory", "row"])
+async def test_a_claim_that_waited_for_a_keys_lock_charges_its_starts_when_it_got_it(pg_dsn: str, how: str) -> None:
+    """Node a asks to claim "api" jobs (8/s, burst 2) while another transaction holds the key (its advisory
+    lock, as another node's claim does, or its rate row, as an operator's ``FOR UPDATE`` does); the clock
+    moves 1 s on before it lets go. a's jobs start when it gets the key, so their tokens are charged then:
+    node b, claiming right after at the same time, starts none, and no window sees more than
+    ``burst + rate * w`` starts. (Charged at the time a asked, the bucket would be full again for b.)"""
+    schema, clock = _schema(), Clock()
+    starts: list[float] = []
+    async with _node(pg_dsn, schema, clock, "a") as a, _node(pg_dsn, schema, clock, "b") as b:
+        (first,) = await a.add([_job("api")])  # the key's rate row exists from here on
+        (running,) = await a.claim(ClaimRequest("a", 1))
+        await a.complete([Succeeded(running.id, running.epoch, None)])
+        clock.now = START + 10.0  # the bucket is full again
+        await a.add([_job("api") for _ in range(6)])
+
+        async def claim(store: trioq.PostgresStore, node: str) -> None:
+            for _ in await store.claim(ClaimRequest(node, 5)):
+                starts.append(clock.now)
+
+        with psycopg.connect(pg_dsn) as holder:
+            _lock_key(holder, schema, how)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim, a, "a")
+                with trio.fail_after(30):
+                    while await trio.to_thread.run_sync(_waiting_for_a_lock, pg_dsn) == 0:  # noqa: ASYNC110 (the server's state)
+                        await trio.sleep(0.01)
+                clock.now = START + 11.0  # a second passes while a waits
+                holder.commit()
+        await claim(b, "b")
+    assert first.id == running.id
+    assert starts == [START + 11.0, START + 11.0]  # a's two (the burst); b's none: the bucket is empty
 
 
 async def test_a_dead_nodes_slot_comes_free_only_when_its_lease_is_rescued(pg_dsn: str) -> None:

@@ -23,10 +23,11 @@ The handlers find the shop's database and gateway with :func:`current`: set
 by :func:`use` in one process (tests, the in-process benchmark), or built
 from the environment in a ``trioq worker`` process (``SHOP_DSN``: the
 PostgreSQL database of the shop's tables; ``SHOP_GATEWAY``: the gateway's
-URL). Run workers with ``examples/`` on the path::
+URL). Run workers with ``examples/`` on the path, loading ``shop.worker``
+(this registry, with the process's shop built before any attempt)::
 
     PYTHONPATH=examples SHOP_DSN=... SHOP_GATEWAY=http://127.0.0.1:PORT \\
-        trioq worker --postgres DSN --app shop.app:registry
+        trioq worker --postgres DSN --app shop.worker:registry
 """
 
 from __future__ import annotations

@@ -31,12 +31,14 @@ Requests take 10-40 ms (5% of them 150-300 ms), on the trio clock, so tests
 on the autojump clock take no time. In one process, handlers call the
 gateway directly (:class:`FakeGateway` has the client's ``charge`` method);
 across processes (PostgreSQL's API and ``trioq worker`` processes) it is
-served over HTTP on 127.0.0.1 (:func:`serve`) so that one instance counts
+served over HTTP on 127.0.0.1 (:func:`serve`; ``python -m shop.gateway``
+runs it as a process of its own, :func:`main`) so that one instance counts
 every process's requests, and workers reach it through :class:`HTTPGateway`.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 from collections import Counter
@@ -55,6 +57,7 @@ __all__ = [
     "HTTPGateway",
     "RateLimited",
     "busiest_window",
+    "main",
     "serve",
 ]
 
@@ -305,20 +308,25 @@ async def serve(
 
 
 class HTTPGateway:
-    """The gateway's client over HTTP (``trioq worker`` processes use it); the same ``charge`` as FakeGateway."""
+    """The gateway's client over HTTP (``trioq worker`` processes use it); the same ``charge`` as FakeGateway.
+
+    The HTTP client is built here, not at the first charge: importing httpx and building its client
+    (its TLS context) takes a few hundred milliseconds of the event loop, which a charge the limiter
+    just let start must not spend before its request leaves.
+    """
 
     def __init__(self, url: str, *, timeout: float = 5.0) -> None:
+        import httpx
+
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._client: Any = None
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=limits)
 
     async def charge(self, *, order_id: str, amount: int, method: str, idempotency_key: str) -> ChargeResult:
         """POST /charges; raises :class:`RateLimited` (429) or :class:`GatewayFailure` (5xx, or no answer)."""
         import httpx
 
-        if self._client is None:
-            limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=limits)
         body = {"order_id": order_id, "amount": amount, "method": method, "idempotency_key": idempotency_key}
         try:
             response = await self._client.post("/charges", json=body)
@@ -330,3 +338,43 @@ class HTTPGateway:
             raise GatewayFailure(f"{response.status_code}: {response.text[:200]}")
         data = response.json()
         return ChargeResult(str(data["charge_id"]), str(data["status"]), int(data["amount"]))
+
+
+# ----------------------------------------------------------------- process
+
+
+async def _serve_process(args: argparse.Namespace) -> None:
+    import signal
+
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    shutdown.set()
+                    return
+
+        nursery.start_soon(on_signal)
+        gateway = FakeGateway(seed=args.seed)
+        url = await nursery.start(lambda task_status: serve(gateway, host=args.host, port=args.port,
+                                                            shutdown=shutdown, task_status=task_status))  # fmt: skip
+        print(f"fake gateway serving on {url}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m shop.gateway [--port 0] [--seed 0]``: the fake gateway as a process of its own, until
+    SIGTERM/SIGINT; prints ``fake gateway serving on URL``. ``GET /stats`` reports what it saw.
+
+    Its own process, as a provider is its own machine: the time it stamps on a request is not held up by
+    whatever else the process that starts it (a benchmark's driver, its clients) is doing.
+    """
+    parser = argparse.ArgumentParser(prog="python -m shop.gateway", description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    trio.run(_serve_process, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -106,6 +106,8 @@ class Queue:
         self._max_ready = max_ready if overflow == "refuse" else None
         self._poll_interval = poll_interval
         self._offset = time.time() - trio.current_time()
+        # trio's clock object, read by _clock: the same time as trio.current_time(), from any thread too.
+        self._trio_clock = trio.lowlevel.current_clock()
         self._totals = Totals()
         lease = _lease(store)
         self._pool = Pools(
@@ -662,7 +664,8 @@ class Queue:
     # ------------------------------------------------------------- internals
 
     def _clock(self) -> float:
-        return trio.current_time() + self._offset
+        """Wall-clock seconds on trio's clock (``StoreConfig.clock``): callable from a store's threads."""
+        return self._trio_clock.current_time() + self._offset
 
     async def _pending(self) -> bool:
         """Whether any job is ready, scheduled, running, deferred or waiting (a store may answer it cheaper

@@ -198,7 +198,10 @@ class StoreConfig:
     """What the runtime hands a store when it opens it.
 
     ``clock`` returns wall-clock seconds (the runtime derives it from
-    ``trio.current_time()`` so a mock clock drives it). ``node`` names this
+    trio's clock so a mock clock drives it). A store may call it from its
+    worker threads (PostgreSQL's claims read it once they hold a limit key's
+    locks); one that must run in trio's thread is called through
+    ``trio.from_thread`` there. ``node`` names this
     runtime: its claims are this node's, and a session releases only this
     node's running jobs when it ends.
 

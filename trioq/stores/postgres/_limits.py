@@ -9,7 +9,13 @@ claims that take its tokens.
 
 Every claim that decides a key holds a transaction-scoped advisory lock on it
 (:func:`lock_id`), taken before the statements that count its holders and read
-its rate: two nodes never both see the last slot free. Locks are taken in
+its rate: two nodes never both see the last slot free. The rate rows are read
+``FOR UPDATE`` too (a writer that does not take the advisory lock, an operator's
+``SELECT ... FOR UPDATE``, is waited for there, not at the write), and a rate is
+decided at the time the claim's clock reads once it holds them, not at the time
+the claim was asked for: a claim that waited a second for a lock starts its jobs
+a second later, and charging their tokens at the earlier time would leave the
+bucket a second fuller than the starts allow (invariant 8 counts starts). Locks are taken in
 ascending id order; a later batch of the same claim only *tries* ids below the
 highest it holds (and leaves the jobs whose key it could not lock), so that two
 claims never wait for each other in a cycle. A transaction that frees slots
@@ -91,6 +97,7 @@ def claim(
     pick: Callable[[int, bool, dict[str, Any]], str],
     columns: str,
     fair: FairPick | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> tuple[list[Job], float | None, bool]:
     """Claim up to ``n`` jobs in one transaction, passing over (parking) those a key refuses; ``(jobs claimed
     best first, when the first job parked for a rate is due or None, whether the claim stopped short
@@ -110,6 +117,11 @@ def claim(
     as the transaction ends, and the jobs come back in the order they were decided. A fair batch may be
     short with candidates left (a tenant's share, the best priority's jobs all decided), so the
     candidates are read until a batch is empty.
+
+    ``now`` picks the candidates (their run times and deadlines). Rates are decided at ``clock()`` read
+    once this transaction holds the locks and rate rows of the keys it decides (read again for each
+    batch that locks a new rate key; never before ``now``): the time the jobs it starts really start,
+    give or take the commit. ``clock=None`` decides them at ``now`` (a caller with a fixed time).
     """
     bound = bounding(limit_of)
     held: dict[str, int] = {}  # key -> attempts holding it (this claim's included), for each key decided
@@ -126,6 +138,7 @@ def claim(
     passed: set[str] = set()
     m = n + _EXTRA
     taken: list[str] = []  # the ids started, in the order decided
+    at = now  # the time rates are decided at: the clock's once the locks and rate rows are held
     with conn.transaction(), _cur(conn) as cur:
         while len(rows) < n:
             params: dict[str, Any] = {"now": now, "exclude": left}
@@ -163,12 +176,15 @@ def claim(
                 unlockable.update(k for k, x in fresh.items() if x not in locked)
                 maxes = [k for k in decided if _limit(bound, k).max is not None]
                 rates = [k for k in decided if _limit(bound, k).rate is not None]
-                # Counted after the locks: a snapshot that sees every claim of these keys committed.
+                # Counted after the locks: a snapshot that sees every claim of these keys committed. The
+                # rate rows are locked as they are read: a writer without the advisory lock is waited for
+                # here, before the clock is read, not after the decision (at the write).
                 _run(
                     cur,
-                    f"SELECT key, held, NULL::float8 FROM {s}.limit_holders(%s)"
-                    f" UNION ALL SELECT key, NULL, tat FROM {s}.limit_rates WHERE key = ANY(%s)",
-                    (maxes, rates),
+                    f"WITH r AS (SELECT key, tat FROM {s}.limit_rates WHERE key = ANY(%s) FOR UPDATE)"
+                    f" SELECT key, held, NULL::float8 FROM {s}.limit_holders(%s)"
+                    " UNION ALL SELECT key, NULL, tat FROM r",
+                    (rates, maxes),
                 )
                 for k in rates:
                     tats[k] = -math.inf
@@ -177,6 +193,8 @@ def claim(
                         held[key] = int(count)
                     else:
                         tats[key] = float(tat)
+                if rates and clock is not None:
+                    at = max(at, clock())
             take: list[str] = []
             parked: list[tuple[str, float, str | None]] = []
             rated: set[str] = set()
@@ -189,7 +207,7 @@ def claim(
                     left.append(job_id)
                     continue
                 considered.append(candidate)
-                verdict = _decide(keys, bound, held, tats, now)
+                verdict = _decide(keys, bound, held, tats, at)
                 if verdict is None:
                     take.append(job_id)
                     taken.append(job_id)
@@ -200,21 +218,21 @@ def claim(
                         if limit.max is not None:
                             held[k] += 1
                         if limit.rate is not None:
-                            tat = limit.admit(tats[k], now)
+                            tat = limit.admit(tats[k], at)
                             assert tat is not None  # _decide admitted it
                             tats[k] = tat
                             rated.add(k)
                 else:
-                    at, key = verdict
+                    until, key = verdict
                     if key is None:
-                        at = _in_line(keys, bound, tats, queued, now)
-                    parked.append((job_id, at, key))
+                        until = _in_line(keys, bound, tats, queued, at)
+                    parked.append((job_id, until, key))
                     for k in keys:
                         limit = bound(k)
                         if k != key and limit is not None and limit.max is not None and held.get(k, 0) < limit.max:
                             passed.add(k)
                     if key is None:
-                        due = at if due is None else min(due, at)
+                        due = until if due is None else min(due, until)
             if take or parked:
                 _run(
                     cur,

@@ -326,6 +326,7 @@ def claim(
     probe: bool = True,
     limit_of: Callable[[str], Limit | None] = no_limits,
     fair: Mapping[str, float] | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Claimed:
     """Claim up to ``limit`` ready jobs of ``queues`` (every queue: ``None``) for ``node`` under new epochs,
     marked with ``token``; never a job of a paused queue, nor one whose deadline is at or before ``now``
@@ -359,6 +360,9 @@ def claim(
     limits, when the limit path (:func:`._limits.claim`) decides the
     candidates in fair order (:class:`._fair.FairPick`), charging every job
     it considers, started or parked, as the table store does.
+
+    ``clock``: the caller's clock, callable from this thread: the limit path decides rates at the time
+    it reads once it holds the keys' locks (see :func:`._limits.claim`); ``None``: at ``now``.
     """
     with _cur(conn) as cur:
         if recover:
@@ -388,7 +392,7 @@ def claim(
             jobs, unpark_at, more = _limits.claim(
                 conn, s, node, n, token, time.time() if now is None else now, limit_of,
                 lambda m, exclude, p: "", _qualified("j"),
-                fair=_fair.FairPick(s, queues, fair, now, _LIVE),
+                fair=_fair.FairPick(s, queues, fair, now, _LIVE), clock=clock,
             )  # fmt: skip
             return Claimed(jobs, fair_deadline if jobs else None, unpark_at, more)
         params: dict[str, Any] = {"now": now, "node": node, "token": token}
@@ -431,6 +435,7 @@ def claim(
         jobs, unpark_at, more = _limits.claim(
             conn, s, node, n, token, time.time() if now is None else now, limit_of,
             lambda m, exclude, p: _pick(s, m, queues, walk, now is not None, p, exclude), _qualified("j"),
+            clock=clock,
         )  # fmt: skip
         return Claimed(jobs, next_deadline if jobs else None, unpark_at, more)
     rows = [row for row in rows if row[0] is not None]

@@ -114,6 +114,20 @@ def _usable_epoch(epoch: object) -> bool:
     return isinstance(epoch, int) and not isinstance(epoch, bool) and -(2**63) <= epoch < 2**63
 
 
+def _thread_clock(clock: Callable[[], float]) -> Callable[[], float]:
+    """``clock`` (``StoreConfig.clock``) for a worker thread of a call: called there directly, or through
+    trio (``trio.from_thread``) if it needs trio's context (a clock that reads ``trio.current_time()``
+    raises ``RuntimeError`` outside it). A claim reads it while it holds a key's locks."""
+
+    def read() -> float:
+        try:
+            return clock()
+        except RuntimeError:
+            return float(trio.from_thread.run_sync(clock))
+
+    return read
+
+
 class PostgresStore:
     """A :class:`~trioq.stores.Store` in a PostgreSQL database, shared by every queue that opens it.
 
@@ -653,12 +667,13 @@ class PostgresStore:
         channel, me, watched = self.channel, config.node, config.watched
         fair, defer = config.fairness, config.defer_past
         admitted = _defer.Admitted()
+        clock = _thread_clock(config.clock)
 
         def claim_jobs(conn: Any, schema: str) -> sql.Claimed:
             nonlocal late
             claimed = sql.claim(
                 conn, schema, request.node, limit, lease_until, token, tries > 1,
-                now=now, queues=queues, walk=walk, probe=probe, limit_of=config.limits, fair=fair,
+                now=now, queues=queues, walk=walk, probe=probe, limit_of=config.limits, fair=fair, clock=clock,
             )  # fmt: skip
             if claimed.next_deadline is not None and claimed.next_deadline <= now:
                 # Deadlines this node had not heard of (another node's jobs) have come: the claim left those
