@@ -104,10 +104,13 @@ async def test_failing_and_unknown_checks_are_reported_not_retried(autojump_cloc
         job = await poll(client, (await response.get_json())["id"])
     assert [(r["check"], r["status"]) for r in job["result"]] == [("dns", "fail"), ("ping", "unknown"), ("tcp", "ok")]
     assert "NXDOMAIN" in job["result"][0]["detail"]
-    # A malformed payload is the job's error; a diagnosis is never retried.
-    async with serving(workers=1) as (_queue, client):
-        job = await poll(client, (await (await submit(client, "dns", timeout_s=1)).get_json())["id"], "dead")  # type: ignore[arg-type]
-    assert job["attempts"] == 1 and "checks must be a list" in job["error"]
+    # A payload that does not fit the handler's annotations is refused at once (checks: list[str]).
+    async with serving(workers=1) as (queue, client):
+        response = await submit(client, "dns", timeout_s=1)  # type: ignore[arg-type]
+        assert response.status_code == 400
+        body = await response.get_json()
+        assert body["field"] == "payload" and "'checks' must be list" in body["error"]
+        assert (await queue.stats())["totals"]["enqueued"] == 0
 
 
 async def test_an_overloaded_diagnoser_answers_503_with_retry_after(autojump_clock: trio.testing.MockClock) -> None:

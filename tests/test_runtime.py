@@ -321,7 +321,7 @@ async def test_bad_input_gets_specific_errors() -> None:
     registry = trioq.Registry()
 
     @registry.task
-    async def send(ctx: trioq.JobContext, to: str, subject: str = "") -> None: ...
+    async def send(ctx: trioq.JobContext, to: str, subject: Any = "") -> None: ...
 
     async with trioq.open_queue(registry, workers=0) as queue:
         with pytest.raises(trioq.UnknownTask, match="no task named 'nope'"):

@@ -71,3 +71,56 @@ async def test_wait_timeout_is_a_job_argument(timeout: Any) -> None:
         assert excinfo.value.field == "timeout"
         with pytest.raises(trioq.WaitTimeout):
             await queue.wait(job.id, timeout=0)
+
+
+async def test_enqueue_checks_payload_types_against_plain_annotations() -> None:
+    """``{"n": "x"}`` for ``n: int`` is refused at enqueue (InvalidJob naming the payload), not retried;
+    only plain JSON types are checked, and a float field takes an int."""
+    registry = trioq.Registry()
+
+    @registry.task
+    async def typed(
+        ctx: trioq.JobContext,
+        n: int,
+        ratio: float = 1.0,
+        name: str | None = None,
+        flag: bool = False,
+        items: list[int] | None = None,
+        extra: dict[str, Any] | None = None,
+        anything: Any = None,
+    ) -> None: ...
+
+    async with trioq.open_queue(registry, workers=0) as queue:
+        for good in [
+            {"n": 1},
+            {"n": 1, "ratio": 2},
+            {"n": 1, "ratio": 0.5, "name": None, "flag": True, "items": [1], "extra": {}, "anything": ["x"]},
+        ]:
+            await queue.enqueue("typed", good)
+        for bad, shown in [
+            ({"n": "x"}, "'n' must be int"),
+            ({"n": True}, "'n' must be int"),
+            ({"n": 1.5}, "'n' must be int"),
+            ({"n": 1, "ratio": "fast"}, "'ratio' must be int or float"),
+            ({"n": 1, "name": 3}, "'name' must be str or None"),
+            ({"n": 1, "flag": 1}, "'flag' must be bool"),
+            ({"n": 1, "items": {}}, "'items' must be list or None"),
+            ({"n": 1, "extra": []}, "'extra' must be dict or None"),
+        ]:
+            with pytest.raises(trioq.InvalidJob, match=shown) as excinfo:
+                await queue.enqueue("typed", bad)
+            assert excinfo.value.field == "payload"
+        with pytest.raises(trioq.InvalidJob) as excinfo:
+            await queue.enqueue_many([trioq.JobSpec("typed", {"n": 1}), trioq.JobSpec("typed", {"n": "2"})])
+        assert excinfo.value.field == "jobs[1].payload"
+        assert (await queue.stats())["jobs"]["ready"] == 3
+
+
+def test_a_handler_whose_annotations_do_not_resolve_is_registered_unchecked() -> None:
+    registry = trioq.Registry()
+
+    async def later(ctx: trioq.JobContext, n: NotDefinedAnywhere) -> None:  # type: ignore[name-defined]  # noqa: F821
+        ...
+
+    registry.task(later)
+    assert registry["later"].types == {}

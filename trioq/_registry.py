@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import types
+import typing
 import zoneinfo
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
@@ -56,6 +58,8 @@ class TaskDef:
     params: frozenset[str] = frozenset()
     required: frozenset[str] = frozenset()
     takes_any: bool = True
+    #: The payload fields whose annotation is a plain JSON type, and the types a value may have.
+    types: Mapping[str, tuple[type, ...]] = attrs.field(factory=dict)
 
     def heartbeat_timeout_in(self, queue_heartbeat_timeout: float | None) -> float | None:
         """The heartbeat timeout its attempts get: its own, else the queue's, else none.
@@ -81,6 +85,63 @@ class TaskDef:
             raise InvalidJob(
                 f"{where}task {self.name!r} needs payload field(s) {sorted(missing)}", field=f"{where}payload"
             )
+        for name, allowed in self.types.items():
+            if name in payload:
+                value = payload[name]
+                if not isinstance(value, allowed) or (type(value) is bool and bool not in allowed):
+                    wanted = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+                    raise InvalidJob(
+                        f"{where}task {self.name!r}: payload field {name!r} must be {wanted} (the handler's"
+                        f" annotation), got {type(value).__name__} {_shown(value)}",
+                        field=f"{where}payload",
+                    )
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, cut to 40 characters (an int too long to print as digits shows as ``<int>``)."""
+    try:
+        return f"{value!r:.40}"
+    except ValueError:
+        return f"<{type(value).__name__}>"
+
+
+#: What a value from JSON may be for each plain annotation (a float field takes an int: JSON's 3 is 3.0).
+_PLAIN: dict[Any, tuple[type, ...]] = {
+    int: (int,),
+    float: (int, float),
+    str: (str,),
+    bool: (bool,),
+    list: (list,),
+    dict: (dict,),
+}
+
+
+def _plain_types(fn: Callable[..., Any], names: frozenset[str]) -> dict[str, tuple[type, ...]]:
+    """The payload fields of ``fn`` annotated with a plain JSON type (``int``, ``float``, ``str``, ``bool``,
+    ``list``/``list[...]``, ``dict``/``dict[...]``, or a union of them with ``None``), and the types each
+    takes. Other annotations (``Any``, classes, ``Literal``...) are not checked, nor any when the
+    annotations cannot be evaluated where the function was defined."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, AttributeError, TypeError, SyntaxError):
+        return {}  # a forward reference or a name only a type checker sees: left to the handler
+    found: dict[str, tuple[type, ...]] = {}
+    for name in names:
+        hint = hints.get(name)
+        parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        allowed: list[type] = []
+        for part in parts:
+            part = typing.get_origin(part) or part
+            if part is type(None):
+                allowed.append(type(None))
+            elif part in _PLAIN:
+                allowed += [t for t in _PLAIN[part] if t not in allowed]
+            else:
+                break
+        else:
+            if allowed:
+                found[name] = tuple(allowed)
+    return found
 
 
 def _describe(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
@@ -444,6 +505,7 @@ class Registry:
             params=params,
             required=required,
             takes_any=takes_any,
+            types=_plain_types(fn, params),
         )
         self._tasks[task_name] = definition
         return definition
