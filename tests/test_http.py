@@ -73,6 +73,28 @@ async def test_batch_is_all_or_nothing(client: Any, queue: trioq.Queue) -> None:
     assert (await queue.stats())["totals"]["enqueued"] == before
 
 
+async def test_an_idempotency_key_answers_200_duplicate_and_409_for_another_task(
+    client: Any, queue: trioq.Queue
+) -> None:
+    body = {"task": "slow", "key": "order-7", "delay": 100}
+    first = await client.post("/jobs", json=body, headers=AUTH)
+    assert first.status_code == 202 and (await first.get_json())["duplicate"] is False
+    again = await client.post("/jobs", json=body, headers=AUTH)
+    job = await again.get_json()
+    assert again.status_code == 200 and job["duplicate"] is True and job["id"] == (await first.get_json())["id"]
+    other = await client.post("/jobs", json={"task": "echo", "key": "order-7"}, headers=AUTH)
+    assert other.status_code == 409
+    error = await other.get_json()
+    assert error["field"] == "key" and error["type"] == "InvalidJob" and "'slow'" in error["error"]
+    batch = await client.post("/jobs/batch", json={"jobs": [body, body]}, headers=AUTH)
+    assert batch.status_code == 200 and [j["duplicate"] for j in (await batch.get_json())["jobs"]] == [True, True]
+    mixed = await client.post("/jobs/batch", json={"jobs": [body, {"task": "echo"}]}, headers=AUTH)
+    assert mixed.status_code == 202 and [j["duplicate"] for j in (await mixed.get_json())["jobs"]] == [True, False]
+    clash = await client.post("/jobs/batch", json={"jobs": [{"task": "echo", "key": "order-7"}]}, headers=AUTH)
+    assert clash.status_code == 409 and (await clash.get_json())["field"] == "jobs[0].key"
+    assert (await queue.stats())["totals"]["enqueued"] == 2
+
+
 async def test_a_flow_over_http_waits_for_its_parents(client: Any, queue: trioq.Queue) -> None:
     slow = await queue.enqueue("slow", delay=50)
     response = await client.post(

@@ -67,6 +67,7 @@ from werkzeug.routing import BaseConverter
 
 from .._model import InvalidJob, JobNotFound, JobSpec, QueueFull, TrioqError, UnknownTask
 from .._runtime.queue import Queue
+from ..stores._base import Added, KeyClash
 from .openapi import openapi_spec
 
 __all__ = ["blueprint", "create_app"]
@@ -240,6 +241,11 @@ def _bulk(body: Any) -> dict[str, Any]:
     if unknown:
         raise _HTTPError(400, f"unknown field {unknown[0]!r}", field=unknown[0])
     return {name: _whole(value) for name, value in body.items()}
+
+
+def _accepted(jobs: Added, index: int) -> dict[str, Any]:
+    """Job ``index`` of an enqueue's answer: the job, and whether its key found it (``duplicate``)."""
+    return {**jobs[index].to_dict(), "duplicate": index in jobs.existing}
 
 
 def _whole(value: Any) -> Any:
@@ -630,8 +636,11 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
     @bp.post("/jobs")
     @answering
     async def submit() -> Response:
-        (job,) = await queue.enqueue_many([_spec(await _body(max_body), "")])
-        return _json(job.to_dict(), 202)
+        try:
+            added = await queue.enqueue_many([_spec(await _body(max_body), "")])
+        except KeyClash as exc:
+            raise _HTTPError(409, str(exc), field=exc.field, kind="InvalidJob") from None
+        return _json(_accepted(added, 0), 200 if added.existing else 202)
 
     @bp.post("/jobs/batch")
     @answering
@@ -644,6 +653,9 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         specs = [_spec(item, f"jobs[{index}].") for index, item in enumerate(body["jobs"])]
         try:
             jobs = await queue.enqueue_many(specs)
+        except KeyClash as exc:
+            field = exc.field if len(specs) > 1 or exc.field is None else f"jobs[0].{exc.field}"
+            raise _HTTPError(409, str(exc), field=field, kind="InvalidJob") from None
         except UnknownTask as exc:
             missing = next(i for i, s in enumerate(specs) if s.task not in queue.registry)
             raise _HTTPError(400, str(exc), field=f"jobs[{missing}].task", kind="UnknownTask") from None
@@ -652,7 +664,8 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             if len(specs) == 1 and exc.field is not None and not exc.field.startswith("jobs["):
                 raise _HTTPError(400, f"jobs[0].{exc}", field=f"jobs[0].{exc.field}", kind="InvalidJob") from None
             raise
-        return _json({"jobs": [job.to_dict() for job in jobs]}, 202)
+        new = len(jobs) - len(jobs.existing)
+        return _json({"jobs": [_accepted(jobs, i) for i in range(len(jobs))]}, 202 if new else 200)
 
     @bp.get("/jobs")
     @answering

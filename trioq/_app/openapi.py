@@ -158,7 +158,7 @@ def _schemas() -> dict[str, Any]:
             },
         },
     }
-    job = {
+    job: dict[str, Any] = {
         "type": "object",
         "description": "A snapshot of one job. Times are wall-clock seconds since the epoch.",
         "required": [
@@ -268,6 +268,14 @@ def _schemas() -> dict[str, Any]:
             "The job as enqueued: ready or scheduled; waiting for parents (after), or cancelled at once if one"
             " ended dead or cancelled; in any state when its key found a job that holds it (that job)."
         ),
+        "required": [*job["required"], "duplicate"],
+        "properties": {
+            **job["properties"],
+            "duplicate": {
+                "type": "boolean",
+                "description": "True when its idempotency key found a job that holds it: that job, nothing added.",
+            },
+        },
     }
     return {
         "JobState": {"type": "string", "enum": list(_STATES)},
@@ -439,6 +447,10 @@ def _responses() -> dict[str, Any]:
                 "Connection": {"required": True, "schema": {"const": "close"}},
             },
         ),
+        "KeyHeld": _json_body(
+            "The idempotency key is held by a job of another task (`field` names the key); nothing was added.",
+            _schema("Error"),
+        ),
         "NotFound": _json_body("No job with that id (never was, or evicted after retention).", _schema("Error")),
         "PayloadTooLarge": _json_body(
             "The request body is over `max_body` bytes; the connection is closed.",
@@ -570,7 +582,12 @@ def _paths() -> dict[str, Any]:
                 "Enqueue one job.",
                 {
                     "202": _json_body("Accepted.", _schema("Accepted")),
+                    "200": _json_body(
+                        "Its key found the job that holds it: that job (`duplicate` true), nothing added.",
+                        _schema("Accepted"),
+                    ),
                     "400": _response("BadRequest"),
+                    "409": _response("KeyHeld"),
                     "503": _response("Unavailable"),
                 },
                 tag="jobs",
@@ -582,8 +599,13 @@ def _paths() -> dict[str, Any]:
                 "enqueueBatch",
                 "Enqueue several jobs, all or nothing.",
                 {
-                    "202": _json_body("All accepted, in order.", _schema("BatchAccepted")),
+                    "202": _json_body("All accepted, in order (each with `duplicate`).", _schema("BatchAccepted")),
+                    "200": _json_body(
+                        "Every job's key found a job that holds it: those jobs, nothing added.",
+                        _schema("BatchAccepted"),
+                    ),
                     "400": _response("BadRequest"),
+                    "409": _response("KeyHeld"),
                     "503": _response("Unavailable"),
                 },
                 tag="jobs",

@@ -37,7 +37,7 @@ from .._model import (
 from .._registry import Registry
 from .._validate import where as _where
 from ..policies.limits import fill_keys
-from ..stores._base import NewJob, Store, StoreConfig, no_limits
+from ..stores._base import Added, NewJob, Store, StoreConfig, no_limits
 from ..stores.memory import MemoryStore
 from . import listing
 from .cron import CronScheduler
@@ -193,9 +193,10 @@ class Queue:
         parent the store does not hold (never enqueued, or evicted) is
         :class:`~trioq.InvalidJob`; one that succeeded already is met. With a
         ``key`` that a retained job already holds, nothing is added and that
-        job is returned. Raises :class:`~trioq.UnknownTask`,
-        :class:`~trioq.InvalidJob` (naming the bad field), or
-        :class:`~trioq.QueueFull` at ``max_ready``.
+        job is returned; a key held by a job of another task is refused
+        (:class:`~trioq.InvalidJob` naming ``key``). Raises
+        :class:`~trioq.UnknownTask`, :class:`~trioq.InvalidJob` (naming the bad
+        field), or :class:`~trioq.QueueFull` at ``max_ready``.
         """
         spec = JobSpec(
             task,
@@ -247,8 +248,11 @@ class Queue:
         assert isinstance(job, Job)
         return job
 
-    async def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
+    async def enqueue_many(self, specs: Sequence[JobSpec]) -> Added:
         """Add several jobs at once, all or nothing; returns their snapshots in order.
+
+        The list is a :class:`trioq.stores.Added`: its ``existing`` holds the indexes of the specs
+        whose idempotency key found a job that holds it (that job is returned; nothing was added).
 
         A checkpoint, as trio's own async functions are: a caller cancelled
         before the call adds nothing, and even when no store I/O waits, other
@@ -262,7 +266,7 @@ class Queue:
         now = self._clock()
         new = [self._resolve(spec, now, i if len(specs) > 1 else None) for i, spec in enumerate(specs)]
         jobs = await self.store.add(new, max_pending=self._max_ready)
-        self._totals.enqueued += len(jobs)
+        self._totals.enqueued += len(jobs) - len(jobs.existing)
         return jobs
 
     def _resolve(self, spec: JobSpec, now: float, index: int | None) -> NewJob:

@@ -9,16 +9,17 @@ implements the same calls in SQL. Every store passes the conformance suite,
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Collection, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 import msgspec
 
-from .._model import Job, JobState, Limit
+from .._model import InvalidJob, Job, JobState, Limit
 
 __all__ = [
+    "Added",
     "CancelResult",
     "ClaimRequest",
     "Failed",
@@ -120,6 +121,31 @@ class JobFilter(msgspec.Struct, frozen=True, gc=False):
     task: str | None = None
     queue: str | None = None
     tenant: str | None = None
+
+
+class Added(list[Job]):
+    """What :meth:`Store.add` returns: the jobs, in the order asked for (a list), and ``existing``, the
+    indexes of those an idempotency key found (the job that held the key, as it is now)."""
+
+    __slots__ = ("existing",)
+
+    def __init__(self, jobs: Iterable[Job] = (), existing: Iterable[int] = ()) -> None:
+        super().__init__(jobs)
+        self.existing = frozenset(existing)
+
+
+class KeyClash(InvalidJob):
+    """An :class:`~trioq.InvalidJob` (``field`` naming the key): the idempotency key is held by a job of
+    another task. The HTTP API answers it 409 where other bad fields are 400."""
+
+
+def key_clash(key: str, holder: str, task: str, where: str = "") -> KeyClash:
+    """The error of an add whose idempotency ``key`` is held by a job of task ``holder``, not ``task``."""
+    return KeyClash(
+        f"{where}key {key!r:.80} is held by a job of task {holder!r:.80}, not {task!r:.80}: an idempotency key"
+        " names one piece of work; give this one a key of its own",
+        field=f"{where}key",
+    )
 
 
 class ClaimRequest(msgspec.Struct, frozen=True, gc=False):
@@ -310,14 +336,17 @@ class Store(Protocol):
         """Open the store for one queue; leaving the block closes it."""
         ...
 
-    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> Added:
         """Insert ``jobs`` all or nothing; existing idempotency keys return their job.
 
-        Raises :class:`~trioq.QueueFull` (inserting none) if the new jobs would
+        Returns an :class:`Added`: the jobs in order, and the indexes of those whose key found a job
+        that held it (returned as it is, nothing inserted for it). Raises
+        :class:`~trioq.QueueFull` (inserting none) if the new jobs would
         take ready plus scheduled jobs past ``max_pending``, and
         :class:`~trioq.InvalidJob` (inserting none, its ``field`` naming the
         job's field) for a task name, key or payload the store cannot hold
-        (see :func:`~trioq._model.name_problem` and ``MAX_VALUE_BYTES``).
+        (see :func:`~trioq._model.name_problem` and ``MAX_VALUE_BYTES``), and for a key
+        held by a job of another task (``field`` naming the key: one key, one kind of work).
         Returns once the jobs are durable; a worker may claim them before
         that (a job that runs and is then lost to a crash was never
         acknowledged to anyone). If making them durable fails, ``add``

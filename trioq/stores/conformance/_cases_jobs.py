@@ -109,21 +109,38 @@ class AddCases(CaseBase):
         assert await store.counts() == zero_counts()
 
     async def test_existing_key_returns_existing_job(self, store: Store, harness: Harness) -> None:
-        """A key already held returns its job unchanged, whatever the new job says, and hints nothing."""
-        (first,) = await store.add([harness.job(key="k", priority=1)])
+        """A key already held returns its job unchanged, whatever the new job says, and hints nothing;
+        the answer's ``existing`` names it."""
+        first = await store.add([harness.job(key="k", priority=1)])
+        assert first.existing == frozenset()
         harness.hints.clear()
         harness.clock.advance(1.0)
-        (again,) = await store.add([harness.job("other", key="k", priority=9, delay=10.0)])
-        assert again.id == first.id
-        assert again.task == "t"
-        assert again.priority == 1
-        assert harness.hinted(ready=[], scheduled=[])
-        assert await store.counts() == zero_counts(ready=1)
+        again = await store.add([harness.job(key="k", priority=9, delay=10.0), harness.job()])
+        assert again[0].id == first[0].id and again.existing == {0}
+        assert again[0].priority == 1
+        assert harness.hinted(ready=[1], scheduled=[])
+        assert await store.counts() == zero_counts(ready=2)
+
+    async def test_a_key_held_by_another_task_is_refused_adding_nothing(self, store: Store, harness: Harness) -> None:
+        """One key, one kind of work: a key held by a job of another task, in the store or earlier in the
+        same batch, is ``InvalidJob`` naming the key, and nothing of the batch goes in."""
+        (held,) = await store.add([harness.job("mail", key="k")])
+        with pytest.raises(InvalidJob) as excinfo:
+            await store.add([harness.job("sms", key="k")])
+        assert excinfo.value.field == "key" and "'mail'" in str(excinfo.value)
+        with pytest.raises(InvalidJob) as excinfo:
+            await store.add([harness.job("sms"), harness.job("sms", key="k")])
+        assert excinfo.value.field == "jobs[1].key"
+        with pytest.raises(InvalidJob) as excinfo:
+            await store.add([harness.job("sms", key="fresh"), harness.job("mail", key="fresh")])
+        assert excinfo.value.field == "jobs[1].key"
+        assert [job.id for job in await store.jobs([JobState.READY])] == [held.id]
 
     async def test_duplicate_key_within_one_batch(self, store: Store, harness: Harness) -> None:
         """Two jobs of one batch with the same key are one job."""
-        a, b = await store.add([harness.job(key="k"), harness.job(key="k")])
-        assert a.id == b.id
+        added = await store.add([harness.job(key="k"), harness.job(key="k")])
+        a, b = added
+        assert a.id == b.id and added.existing == {1}
         assert await store.counts() == zero_counts(ready=1)
         if harness.kind.inline_hints:
             assert sum(harness.hints.ready) == 1

@@ -115,7 +115,7 @@ class LimitCases(CaseBase):
         for char in ("k", "é"):
             name = char * (MAX_NAME_BYTES // len(char.encode()))
             (job,) = await store.add([harness.job(name, key=name)])
-            (again,) = await store.add([harness.job("other", key=name)])
+            (again,) = await store.add([harness.job(name, key=name, priority=7)])
             assert again.id == job.id
             assert (await store.get(job.id)).task == name
             assert (await store.get(job.id)).key == name

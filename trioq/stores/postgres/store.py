@@ -21,6 +21,7 @@ import trio
 from ..._model import Job, JobNotFound, JobState, Limit, label_problem
 from ..._validate import label, number
 from .._base import (
+    Added,
     CancelResult,
     ClaimRequest,
     Failed,
@@ -32,6 +33,7 @@ from .._base import (
     Snoozed,
     StoreConfig,
     Succeeded,
+    key_clash,
     no_limits,
 )
 from ..table.store import _checked
@@ -484,12 +486,16 @@ class PostgresStore:
 
     # ------------------------------------------------------ the protocol
 
-    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> Added:
         self._open()
         rows = self._rows(jobs)
         if not rows:
             await trio.lowlevel.checkpoint()
-            return []
+            return Added()
+        if len(rows) > 1 and any(job.key is not None for _, job, _ in rows):
+            # A batch is refused whole when one key is another task's (checked before anything goes in;
+            # a single job's add finds out from the holder it meets, having inserted nothing).
+            await self._call(_key_clash, rows)
         if any(job.after for _, job, _ in rows):
             return await self._add_flow(rows, max_pending)
         if max_pending is None and self._gatherer is not None:
@@ -528,7 +534,7 @@ class PostgresStore:
             self._announce(sum(inserted))
         return found, now, states
 
-    async def _add_flow(self, rows: list[_Row], max_pending: int | None) -> list[Job]:
+    async def _add_flow(self, rows: list[_Row], max_pending: int | None) -> Added:
         """:meth:`add` of a batch with parents (``NewJob.after``), in a transaction of its own (``_flows.add``);
         other nodes hear of its ready jobs inside it."""
         config = self._open()
@@ -548,7 +554,7 @@ class PostgresStore:
                 self._scheduled(job.deadline)  # the timer promotes then, which cancels the job if it has not started
         if ready:
             config.on_ready(ready)
-        return out
+        return _found(rows, out, [i for i, new in enumerate(inserted) if not new])
 
     async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float, str]]:
         """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``."""
@@ -614,13 +620,15 @@ class PostgresStore:
         *,
         announce: bool,
         states: Sequence[str] | None = None,
-    ) -> list[Job]:
+    ) -> Added:
         config = self._config
         out: list[Job] = []
+        held: list[int] = []
         ready = 0
         for i, ((job_id, job, _), existing) in enumerate(zip(rows, found, strict=True)):
             if existing is not None:
                 out.append(existing)
+                held.append(i)
                 continue
             run_at = now + job.delay
             if states is not None and states[i] == "deferred":
@@ -641,7 +649,7 @@ class PostgresStore:
                 self._scheduled(deadline)  # the timer promotes then, which cancels the job if it has not started
         if announce and config is not None and ready:
             config.on_ready(ready)
-        return out
+        return _found(rows, out, held)
 
     async def claim(self, request: ClaimRequest) -> list[Job]:
         config = self._open()
@@ -948,6 +956,40 @@ class PostgresStore:
     async def ticks(self) -> dict[str, float]:
         """Each cron schedule's last tick (or baseline), by name."""
         return await _cron.ticks(self)
+
+
+def _where(rows: Sequence[_Row], i: int) -> str:
+    return "" if len(rows) == 1 else f"jobs[{i}]."
+
+
+def _found(rows: Sequence[_Row], jobs: list[Job], held: list[int]) -> Added:
+    """``jobs`` as :meth:`PostgresStore.add` answers them, ``held`` the indexes whose key found a holder;
+    :func:`key_clash` if a holder is a job of another task."""
+    for i in held:
+        job, holder = rows[i][1], jobs[i]
+        if holder.task != job.task:
+            raise key_clash(job.key or "", holder.task, job.task, _where(rows, i))
+    return Added(jobs, held)
+
+
+def _key_clash(conn: Any, schema: str, rows: Sequence[_Row]) -> None:
+    """Raise :func:`key_clash` for the first of ``rows`` whose key a job of another task holds: earlier
+    in the batch, or in the table."""
+    seen: dict[str, str] = {}
+    for i, (_, job, _) in enumerate(rows):
+        if job.key is not None and seen.setdefault(job.key, job.task) != job.task:
+            raise key_clash(job.key, seen[job.key], job.task, _where(rows, i))
+    keyed = [(i, job) for i, (_, job, _) in enumerate(rows) if job.key is not None]
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT u.i, j.task FROM unnest(%s::int[], %s::bytea[], %s::text[]) AS u(i, h, t)"
+            f" JOIN {schema}.jobs j ON j.key_hash = u.h AND j.task <> u.t ORDER BY u.i LIMIT 1",
+            ([i for i, _ in keyed], [sql.key_hash(job.key or "") for _, job in keyed], [job.task for _, job in keyed]),
+        )
+        clash = cur.fetchone()
+    if clash is not None:
+        i, holder = clash
+        raise key_clash(rows[i][1].key or "", holder, rows[i][1].task, _where(rows, i))
 
 
 def _notify(conn: Any, schema: str, channel: str, payloads: list[str]) -> None:

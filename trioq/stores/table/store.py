@@ -34,6 +34,7 @@ from ..._model import (
 from ..._validate import label, number
 from ..._validate import where as _where
 from .._base import (
+    Added,
     CancelResult,
     ClaimRequest,
     Failed,
@@ -45,6 +46,7 @@ from .._base import (
     Snoozed,
     StoreConfig,
     Succeeded,
+    key_clash,
 )
 from .cron import CronTicks
 from .jobs import Entry, JobTable, log_result, pack_payload, raw_payload, trailing_fields
@@ -153,6 +155,20 @@ def _waits(table: JobTable, jobs: Sequence[NewJob], index: int) -> bool:
         elif isinstance(parent, str) and table.flows.unmet((parent,)):
             return True
     return False
+
+
+def _check_keys(table: JobTable, jobs: Sequence[NewJob]) -> None:
+    """Raise :func:`key_clash` (before anything is inserted) for a job whose idempotency key a job of
+    another task holds, in the table or earlier in the same batch."""
+    seen: dict[str, str] = {}
+    for i, j in enumerate(jobs):
+        key = j.key
+        if key is None or type(key) is not str:  # _checked refuses a bad key later
+            continue
+        holder = table.by_key(key)
+        task = seen.setdefault(key, j.task) if holder is None else holder.task
+        if task != j.task:
+            raise key_clash(key, task, j.task, _where(i if len(jobs) > 1 else None))
 
 
 def _parents(job: NewJob, index: int, ids: Sequence[str], where: str) -> tuple[str, ...]:
@@ -301,9 +317,10 @@ class TableStore(CronTicks):
 
     # The Store protocol --------------------------------------------------
 
-    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> list[Job]:
+    async def add(self, jobs: Sequence[NewJob], *, max_pending: int | None = None) -> Added:
         table, config = self._open()
         now = config.clock()
+        _check_keys(table, jobs)
         flows = any(j.after for j in jobs)
         if flows:  # every parent named by id must be here before any job goes in
             for i, j in enumerate(jobs):
@@ -330,7 +347,8 @@ class TableStore(CronTicks):
                 checked.append(_checked(j, f"jobs[{i}]."))
                 packed.append(pack_payload(j.payload, field=f"jobs[{i}].payload"))
             jobs = checked
-        out: list[Job] = []
+        out = Added()
+        found: list[int] = []
         ready = 0
         scheduled: list[float] = []
         record = self._record
@@ -355,6 +373,7 @@ class TableStore(CronTicks):
                 )  # fmt: skip
             if existing is not None:
                 out.append(table.get(existing))
+                found.append(i)
                 continue
             entry = table.entry(job_id)
             if logs:
@@ -389,6 +408,7 @@ class TableStore(CronTicks):
         if ready:
             config.on_ready(ready)
         await self._flush()
+        out.existing = frozenset(found)
         return out
 
     async def claim(self, request: ClaimRequest) -> list[Job]:
