@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from trioq._app.console import CommandError
 from trioq._app.loadgen import wait_drained
 
 
@@ -48,7 +49,7 @@ async def test_a_refused_stats_request_is_an_error_not_a_wait(autojump_clock: tr
     polls: list[float] = []
     transport = _stats_server(10, 1.0, polls, status=401)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        with pytest.raises(RuntimeError, match="401"):
+        with pytest.raises(CommandError, match="401"):
             await wait_drained(client, timeout=60)
     assert len(polls) == 1
 
@@ -58,3 +59,12 @@ async def test_poll_bounds_are_checked() -> None:
         for low, high in ((0.0, 0.5), (-1.0, 0.5), (0.2, 0.1)):
             with pytest.raises(ValueError, match="min_poll"):
                 await wait_drained(client, timeout=1, min_poll=low, max_poll=high)
+
+
+async def test_a_queue_that_does_not_drain_in_time_is_an_error_saying_how_many_jobs_are_left(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    polls: list[float] = []
+    async with httpx.AsyncClient(transport=_stats_server(1000, 1.0, polls), base_url="http://t") as client:
+        with pytest.raises(CommandError, match=r"did not drain within 5s \(99\d jobs still ready"):
+            await wait_drained(client, timeout=5)

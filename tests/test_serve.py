@@ -42,7 +42,8 @@ pytestmark = pytest.mark.slow
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_READY = 20
-SERVING = re.compile(r"trioq serving on (http://127\.0\.0\.1:\d+).*\n")
+#: The startup banner, a block ending with its queues line (see trioq._app.serve.serve).
+SERVING = re.compile(r"trioq serving on (http://127\.0\.0\.1:\d+)\n(?:  .*\n)*?  queues: .*\n")
 
 
 class Server:
@@ -60,7 +61,7 @@ class Server:
     def _wait_for_url(self, timeout: float) -> str:
         match, buffer = read_until(self.process, SERVING, timeout)
         if match is not None:
-            self.banner = match.group(0).strip()
+            self.banner = match.group(0)
             return match.group(1)
         self.kill()
         pytest.fail(f"server did not start; stdout {buffer!r}; stderr {self.stderr_text()!r}")
@@ -120,7 +121,7 @@ def _wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: fl
 
 
 def test_submit_and_poll_until_succeeded(server: Server, client: httpx.Client) -> None:
-    assert server.banner.endswith(f"; {AUTH_ON}"), server.banner
+    assert f"\n  {AUTH_ON}\n" in server.banner, server.banner
     response = client.post("/jobs", json={"task": "sim", "payload": {"work_ms": 20}})
     assert response.status_code == 202, response.text
     body = response.json()
@@ -243,18 +244,24 @@ def test_sigterm_exits_0_and_releases_the_running_job(tmp_path: Path) -> None:
         second.kill()
 
 
-def test_serve_adds_the_builtin_tasks_to_a_users_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+MYAPP = (
+    "import trioq\nregistry = trioq.Registry()\n\n@registry.task(queue='email')\nasync def mine(ctx):\n    return 1\n"
+    "not_a_registry = 3\n"
+)
+
+
+def test_serve_adds_the_demo_tasks_to_a_users_registry_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trioq._app.serve import load_registry
 
-    (tmp_path / "myapp.py").write_text(
-        "import trioq\nregistry = trioq.Registry()\n\n@registry.task\nasync def mine(ctx):\n    return 1\n"
-        "not_a_registry = 3\n"
-    )
+    (tmp_path / "myapp.py").write_text(MYAPP)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert set(load_registry(None)) == {"sim", "cpu"}
-    assert set(load_registry("myapp:registry")) == {"mine", "sim", "cpu"}
-    assert set(load_registry("myapp:registry")) == {"mine", "sim", "cpu"}  # the user's registry is untouched
+    assert set(load_registry(None)) == {"sim", "cpu"}  # plain `trioq serve`: the demo's tasks
+    assert set(load_registry("myapp:registry")) == {"mine"}  # the user's registry, as it is
+    assert set(load_registry("myapp:registry", demo_tasks=True)) == {"mine", "sim", "cpu"}
+    assert set(load_registry("myapp:registry")) == {"mine"}  # the user's registry is untouched
     for bad, message in [("myapp", "module:registry"), ("nope:registry", "nope"), ("myapp:not_a_registry", "int")]:
         with pytest.raises(SystemExit, match=message):
             load_registry(bad)
@@ -310,22 +317,71 @@ def test_serve_takes_the_token_from_the_flag_else_the_environment(monkeypatch: p
     assert served == [None, "from-flag", "from-env", "from-flag"]
 
 
-async def test_the_startup_line_says_whether_auth_is_on(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "token", "said"),
+    [
+        ([], None, [AUTH_OFF, "store: memory", "workers: 16 in one pool", "queues: default (2 tasks: cpu, sim)"]),
+        (
+            ["--app", "myapp:registry", "--workers", "default=2,email=1"],
+            "t0ken",
+            [
+                AUTH_ON,
+                "workers: default=2, email=1 (a pool per queue)",
+                "queues: default (0 tasks); email (1 task: mine)",
+            ],
+        ),
+        (
+            ["--app", "myapp:registry", "--demo-tasks", "--workers", "email=1"],
+            None,
+            ["queues: default (2 tasks: cpu, sim; not run here); email (1 task: mine)"],
+        ),
+    ],
+)
+async def test_the_startup_banner_says_where_what_and_whether_auth_is_on(
+    argv: list[str],
+    token: str | None,
+    said: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from trioq._app.cli import _parser
 
-    for token, said in [(None, AUTH_OFF), ("t0ken", AUTH_ON)]:
-        args = _parser().parse_args(["serve", "--memory", "--host", "127.0.0.1", "--port", "0"])
-        args.token = token
-        out = ""
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve, args)
-                while "trioq serving on" not in out:
-                    await trio.sleep(0.01)
-                    out += capsys.readouterr().out
-                nursery.cancel_scope.cancel()
-        line = next(line for line in out.splitlines() if line.startswith("trioq serving on"))
-        assert line.endswith(f"; {said}"), line
+    (tmp_path / "myapp.py").write_text(MYAPP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = _parser().parse_args(["serve", "--memory", "--host", "127.0.0.1", "--port", "0", *argv])
+    args.token = token
+    out = ""
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve, args)
+            while "  queues: " not in out:
+                await trio.sleep(0.01)
+                out += capsys.readouterr().out
+            nursery.cancel_scope.cancel()
+    first, *block = out.splitlines()
+    assert re.fullmatch(r"trioq serving on http://127\.0\.0\.1:\d+", first), out
+    assert [line[:2] for line in block] == ["  "] * 4 and [line.split(":")[0].strip() for line in block] == [
+        "auth",
+        "store",
+        "workers",
+        "queues",
+    ], out
+    for line in said:
+        assert any(shown.strip().startswith(line) for shown in block), (line, out)
+
+
+def test_failures_reach_serves_stderr_as_log_lines(server: Server, client: httpx.Client) -> None:
+    response = client.post("/jobs", json={"task": "sim", "payload": {"fail_prob": 1.0}, "max_attempts": 1})
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    assert _wait_state(client, job_id, {"dead"})["state"] == "dead"
+    wanted = f"ERROR trioq: job {job_id} (sim) is dead after attempt 1: RuntimeError: simulated failure"
+    deadline = time.monotonic() + 5
+    while wanted not in server.stderr_text():  # the log line is written as the job dies: soon after
+        assert time.monotonic() < deadline, server.stderr_text()[-2000:]
+        time.sleep(0.02)
 
 
 # ------------------------------------------------- connections that end

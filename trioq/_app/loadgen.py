@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import trio
 
+from .console import CommandError
+
 __all__ = ["LoadResult", "fetch_jobs", "loadgen", "submit", "wait_drained"]
 
 #: Errors that mean "the server is not answering right now" (restarting, say).
@@ -47,7 +49,8 @@ async def submit(
     """Submit ``jobs`` from ``clients`` concurrent tasks, ``batch`` per request.
 
     A 503 or an unreachable server is retried (backing off briefly) until
-    ``deadline`` (trio time); any other error status raises.
+    ``deadline`` (trio time); past it, or at any other error status, raises
+    :class:`~trioq._app.console.CommandError` saying which.
     """
     chunks = [jobs[i : i + batch] for i in range(0, len(jobs), batch)]
     send, receive = trio.open_memory_channel[list[dict[str, Any]]](len(chunks))
@@ -59,7 +62,7 @@ async def submit(
         async for chunk in receive:
             while True:
                 if trio.current_time() > deadline:
-                    raise TimeoutError("loadgen: the server did not accept the jobs in time")
+                    raise CommandError("the server did not accept the jobs in time (see --timeout)")
                 try:
                     if batch == 1:
                         response = await client.post("/jobs", json=chunk[0])
@@ -74,7 +77,8 @@ async def submit(
                     await trio.sleep(min(float(response.headers.get("Retry-After", "1")), 0.2))
                     continue
                 if response.status_code != 202:
-                    raise RuntimeError(f"loadgen: server answered {response.status_code}: {response.text}")
+                    answer = f"{response.status_code}: {response.text[:300]}"
+                    raise CommandError(f"POST {response.url.path} answered {answer}")
                 body = response.json()
                 now = time.time()
                 for job in [body] if batch == 1 else body["jobs"]:
@@ -99,17 +103,21 @@ async def wait_drained(
     wake-up in the middle of its jobs, and polls ``min_poll`` apart as the end
     nears, so a steady drain is seen about that late. One that speeds up
     (scheduled jobs coming due late) may be seen up to ``max_poll`` late.
+
+    An error status, or ``timeout`` seconds without the drain, raises
+    :class:`~trioq._app.console.CommandError` saying so.
     """
     if not 0 < min_poll <= max_poll:
         raise ValueError(f"need 0 < min_poll <= max_poll, got {min_poll!r} and {max_poll!r}")
     first: tuple[float, int] | None = None
-    with trio.fail_after(timeout):
+    left = -1
+    with trio.move_on_after(timeout):
         while True:
             pause = min_poll
             try:
                 response = await client.get("/stats")
                 if response.status_code != 200:
-                    raise RuntimeError(f"GET /stats answered {response.status_code}: {response.text[:200]}")
+                    raise CommandError(f"GET /stats answered {response.status_code}: {response.text[:200]}")
                 stats: dict[str, Any] = response.json()
                 jobs = stats["jobs"]
                 left = jobs["ready"] + jobs["scheduled"] + jobs["running"]
@@ -126,6 +134,8 @@ async def wait_drained(
             except _UNREACHABLE:
                 pass
             await trio.sleep(min(max_poll, max(min_poll, pause)))
+    still = f"{left} jobs still ready, scheduled or running" if left >= 0 else "the server did not answer"
+    raise CommandError(f"the queue did not drain within {timeout:g}s ({still})")
 
 
 async def fetch_jobs(client: httpx.AsyncClient, ids: list[str], *, clients: int) -> dict[str, dict[str, Any] | None]:
@@ -152,17 +162,47 @@ def sim_jobs(n: int, work_ms: float, fail_prob: float, hang_prob: float) -> list
     return [{"task": "sim", "payload": payload} for _ in range(n)]
 
 
+async def _totals_before(client: httpx.AsyncClient, url: str, token: str | None) -> dict[str, Any]:
+    """The server's ``totals`` before the run; a server that cannot be reached, or refuses the token,
+    or is no trioq serve, raises :class:`~trioq._app.console.CommandError` saying what to do."""
+    try:
+        response = await client.get("/stats")
+    except httpx.TransportError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise CommandError(f"cannot reach {url} ({reason}): is trioq serve running there? Check --url") from None
+    if response.status_code == 401:
+        if token is None:
+            raise CommandError("the server needs a bearer token: give --token or set TRIOQ_TOKEN")
+        raise CommandError("the server refused the token: give the one trioq serve was started with")
+    if response.status_code != 200:
+        raise CommandError(f"GET {url}/stats answered {response.status_code}: {response.text[:200]}")
+    try:
+        totals: dict[str, Any] = response.json()["totals"]
+    except (ValueError, KeyError, TypeError):
+        raise CommandError(f"{url} does not answer GET /stats as trioq serve does: check --url") from None
+    return totals
+
+
 async def loadgen(args: Any) -> dict[str, Any]:
-    """Run the load described by ``args`` and return the JSON-ready summary."""
+    """Run the load described by ``args`` and return the JSON-ready summary.
+
+    ``args.token`` is the token to send (``None``: none). A server that is
+    unreachable at the start, refuses the token, answers an error, takes
+    longer than ``args.timeout`` seconds to accept the jobs or to drain them
+    raises :class:`~trioq._app.console.CommandError`.
+    """
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     jobs = sim_jobs(args.jobs, args.work_ms, args.fail_prob, args.hang_prob)
     result = LoadResult()
     bar = _Bar(args.jobs)
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=30.0, limits=limits) as client:
-        before = (await client.get("/stats")).json()["totals"]
+        before = await _totals_before(client, args.url, args.token)
         started = time.perf_counter()
-        await submit(client, jobs, clients=args.clients, batch=args.batch, result=result, progress=bar.advance)
+        deadline = trio.current_time() + args.timeout
+        await submit(
+            client, jobs, clients=args.clients, batch=args.batch, result=result, progress=bar.advance, deadline=deadline
+        )
         submit_s = time.perf_counter() - started
         stats = await wait_drained(client, timeout=args.timeout)
         total_s = time.perf_counter() - started

@@ -22,22 +22,28 @@ from .._runtime.exits import leaves
 from .._runtime.queue import open_queue
 from ..stores import MemoryStore, Store, WALStore
 from .builtin import builtin_registry
+from .console import bind_error
 
 if TYPE_CHECKING:
     from hypercorn.config import Config
 
-__all__ = ["load_registry", "serve"]
+__all__ = ["load_registry", "open_store", "pool_lines", "serve", "store_line"]
 
-#: What the startup line says about authentication.
+#: What the startup banner says about authentication (a line of its own).
 AUTH_ON = "auth: bearer token"
 AUTH_OFF = "auth: OFF (no --token or TRIOQ_TOKEN)"
 
 
-def load_registry(spec: str | None) -> Registry:
-    """The built-in tasks, plus the registry named ``module:attribute`` if given."""
-    registry = builtin_registry()
+def load_registry(spec: str | None, *, demo_tasks: bool = False) -> Registry:
+    """The registry named ``module:attribute`` (imported from the current directory), as it is;
+    without ``spec``, the demo tasks ``sim`` and ``cpu`` alone.
+
+    ``demo_tasks`` adds the demo tasks to the user's registry (in a copy: the
+    user's is left as it was), for ``trioq loadgen`` against the user's app.
+    A ``spec`` that does not name a registry raises ``SystemExit`` saying so.
+    """
     if spec is None:
-        return registry
+        return builtin_registry()
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise SystemExit(f"--app must look like module:registry, got {spec!r}")
@@ -49,12 +55,14 @@ def load_registry(spec: str | None) -> Registry:
         raise SystemExit(f"--app {spec}: {exc}") from None
     if not isinstance(user, Registry):
         raise SystemExit(f"--app {spec} is a {type(user).__name__}, not a trioq.Registry")
+    if not demo_tasks:
+        return user
     combined = Registry()  # the user's registry is left as it was
     combined.include(user)
     try:
-        combined.include(registry)
+        combined.include(builtin_registry())
     except ValueError as exc:
-        raise SystemExit(f"--app {spec}: {exc} (the built-in tasks are sim and cpu)") from None
+        raise SystemExit(f"--app {spec} --demo-tasks: {exc} (the demo tasks are sim and cpu)") from None
     return combined
 
 
@@ -149,14 +157,83 @@ else:
 
 
 def hypercorn_config(bind: str) -> Config:
-    """The hypercorn settings of ``trioq serve``, bound to ``bind`` (``host:port``)."""
+    """The hypercorn settings of ``trioq serve``, bound to ``bind`` (``host:port``).
+
+    hypercorn's own log lines go to the logger ``hypercorn.error`` with no
+    handler of hypercorn's: they reach whatever the process's logging does
+    (``trioq serve``: stderr, as its ``--log-level`` and ``--log-json`` say).
+    """
     from hypercorn.config import Config
 
     config = Config()
     config.bind = [bind]
     config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 1.0
     return config
+
+
+def open_store(args: Any) -> Store:
+    """The store ``trioq serve``'s (or ``trioq worker``'s) command line names."""
+    if getattr(args, "postgres", None) is not None:
+        from ..stores.postgres import PostgresStore
+
+        return PostgresStore(args.postgres, schema=args.schema, lease=args.lease)
+    if args.memory:
+        return MemoryStore()
+    return WALStore(args.wal, fsync=args.fsync)
+
+
+def _shown_dsn(dsn: str) -> str:
+    """``dsn`` without its password (conninfo or URL form), to be printed."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(dsn)
+    except Exception:  # unparsable (psycopg would say so at connect): show nothing of it
+        return "(the DSN given)"
+    params.pop("password", None)
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def store_line(store: Store, args: Any) -> str:
+    """What the startup banner says about ``store`` (opened: a WAL's replay is known)."""
+    if isinstance(store, MemoryStore):
+        return "memory (jobs are lost when the process exits)"
+    if isinstance(store, WALStore):
+        recovered = getattr(store, "recovery", None)
+        replayed = f"; replayed {recovered.records} log records" if recovered is not None else ""
+        return f"WAL {os.path.abspath(args.wal)} (fsync {args.fsync}{replayed})"
+    if getattr(args, "postgres", None) is not None:
+        return f"PostgreSQL {_shown_dsn(args.postgres)} (schema {args.schema}, lease {args.lease:g}s)"
+    return type(store).__name__
+
+
+def _names(names: list[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
+def pool_lines(workers: int | dict[str, int], registry: Registry) -> list[str]:
+    """The banner's ``workers:`` and ``queues:`` lines: the pools, and each named queue with its tasks."""
+    by_queue: dict[str, list[str]] = {}
+    for name in sorted(registry):
+        by_queue.setdefault(registry[name].queue, []).append(name)
+    if isinstance(workers, dict):
+        pools = f"{', '.join(f'{name}={size}' for name, size in workers.items())} (a pool per queue)"
+        claimed: set[str] | None = set(workers)
+    elif workers == 0:
+        pools, claimed = "0 (producer only: no job runs in this process)", set()
+    else:
+        pools, claimed = f"{workers} in one pool for every queue", None
+    queues = []
+    for queue in sorted(by_queue.keys() | (claimed or set())):
+        tasks = by_queue.get(queue, [])
+        said = f"{len(tasks)} task{'' if len(tasks) == 1 else 's'}" + (f": {_names(tasks)}" if tasks else "")
+        if claimed is not None and queue not in claimed:
+            said += "; not run here"
+        queues.append(f"{queue} ({said})")
+    return [f"workers: {pools}", f"queues: {'; '.join(queues) or 'none (the registry has no task)'}"]
 
 
 async def serve(args: Any) -> None:
@@ -165,21 +242,25 @@ async def serve(args: Any) -> None:
     ``args`` is ``trioq serve``'s parsed command line, with ``args.token``
     already resolved by :func:`trioq._app.cli.main` (``--token``, else
     ``TRIOQ_TOKEN``; ``None`` serves without authentication). The environment
-    is not read here. The startup line says whether authentication is on.
+    is not read here. Once listening, it prints the startup banner on stdout
+    (a block that stays this shape; scripts may read it)::
+
+        trioq serving on http://127.0.0.1:8000
+          auth: bearer token                    (or: auth: OFF (no --token or TRIOQ_TOKEN))
+          store: WAL /srv/trioq-data (fsync always; replayed 12 log records)
+          workers: 16 in one pool for every queue
+          queues: default (2 tasks: cpu, sim)
+
+    A port in use (or any address it cannot listen on) raises
+    :class:`~trioq._app.console.CommandError` saying so.
     """
     from hypercorn.trio import serve as hypercorn_serve
 
     from .http import create_app
 
     token: str | None = args.token
-    registry = load_registry(args.app)
-    store: Store
-    if getattr(args, "postgres", None) is not None:
-        from ..stores.postgres import PostgresStore
-
-        store = PostgresStore(args.postgres, schema=args.schema, lease=args.lease)
-    else:
-        store = MemoryStore() if args.memory else WALStore(args.wal, fsync=args.fsync)
+    registry = load_registry(args.app, demo_tasks=args.demo_tasks)
+    store = open_store(args)
     stop = trio.Event()
     async with open_queue(
         registry,
@@ -189,6 +270,8 @@ async def serve(args: Any) -> None:
         max_ready=args.max_ready,
         overflow=args.overflow,
         shutdown_grace=args.shutdown_grace,
+        retention=args.retention,
+        max_retained=args.max_retained,
         precise_timers=True,  # a service owns its trio run: deadlines wake on time
     ) as queue:
         app = create_app(queue, token=token)
@@ -196,9 +279,24 @@ async def serve(args: Any) -> None:
         with _connections_contained():
             async with trio.open_nursery() as nursery:
                 await nursery.start(_stop_on_signal, stop)
-                binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
-                recovered = getattr(store, "recovery", None)
-                extra = f", recovered {recovered.records} log records" if recovered is not None else ""
-                auth = AUTH_OFF if token is None else AUTH_ON
-                print(f"trioq serving on {binds[0]} ({len(registry)} tasks{extra}); {auth}", flush=True)
+                try:
+                    binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
+                except BaseException as exc:
+                    failed = _os_error(exc)
+                    if failed is None:
+                        raise
+                    raise bind_error(failed, args.host, args.port) from None
+                lines = [
+                    f"trioq serving on {', '.join(binds)}",
+                    AUTH_OFF if token is None else AUTH_ON,
+                    f"store: {store_line(store, args)}",
+                    *pool_lines(args.workers, registry),
+                ]
+                print("\n  ".join(lines), flush=True)
         print("trioq: stopped accepting; draining", flush=True)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` that alone (``Cancelled`` aside) makes up ``exc``, or ``None``."""
+    found = leaves(exc)
+    return found[0] if len(found) == 1 and isinstance(found[0], OSError) else None
