@@ -148,3 +148,20 @@ def test_deploy_supervisors_wait_longer_than_the_shutdown_grace() -> None:
     for name in ("trioq-serve.service", "trioq-worker@.service"):
         stop = float(first(r"^TimeoutStopSec=(\d+)$", files[name]))
         assert stop > grace(commands[name]), name
+
+
+def test_benchmarks_page_cites_result_lines_that_exist() -> None:
+    # docs/benchmarks.md names the result lines of each table (`core.jsonl:2-3`); a rerun that
+    # changes a results file must update the page. Every results file is cited, and each holds JSON.
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    results = ROOT / "benchmarks" / "results"
+    lines = {path.name: path.read_text().splitlines() for path in results.glob("*.jsonl")}
+    for name, text in lines.items():
+        assert name in page, f"docs/benchmarks.md does not cite benchmarks/results/{name}"
+        for line in text:
+            json.loads(line)
+    cited = re.findall(r"`(\w+\.jsonl):(\d+)(?:-(\d+))?`", page)
+    assert cited
+    for name, first_line, last_line in cited:
+        assert name in lines, name
+        assert 1 <= int(first_line) <= int(last_line or first_line) <= len(lines[name]), f"{name}:{first_line}"
