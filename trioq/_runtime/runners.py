@@ -106,6 +106,8 @@ class ProcessJobContext:
         return self.job.attempts + 1
 
     def heartbeat(self) -> bool:
+        """Say the attempt is alive (the parent's watchdog sees the counter move); always ``True``: the
+        child cannot tell whether the parent still wants the work (the parent kills it if not)."""
         if self.board_path is not None:
             board = _child_boards.get(self.board_path)
             if board is None:

@@ -59,6 +59,7 @@ class Rule:
     error: Exception | type[Exception] | str | None = None
 
     def describe(self) -> str:
+        """The rule in one line, as the plan's repr shows it: ``fail('task', when='before', times=2)``."""
         limits = []
         if self.times is not None:
             limits.append(f"times={self.times}")
@@ -248,6 +249,8 @@ class FaultPlan:
 
     @property
     def rules(self) -> tuple[Rule, ...]:
+        """The plan's rules, in the order they were added (numbered from 1): every delay that matches an
+        attempt applies, and of the failures and hangs that match, the first added."""
         return tuple(self._rules)
 
     @property
