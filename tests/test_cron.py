@@ -313,6 +313,7 @@ async def test_max_ready_never_refuses_a_tick(
         ("61 * * * *", {}, ValueError, "is not valid cron syntax"),
         ("every five minutes", {}, ValueError, "is not valid cron syntax"),
         ("0 0 30 2 *", {}, ValueError, "never fires"),
+        ("0 0 1 1 * 0 2030", {}, ValueError, "a seventh field \\(year\\)"),  # its ticks would run out
         (300, {}, TypeError, "must be a string such as"),
         ("*/5 * * * *", {"tz": "Mars/Olympus"}, ValueError, "'Mars/Olympus' is no time zone"),
         ("*/5 * * * *", {"tz": "EST+5"}, ValueError, "is no time zone"),

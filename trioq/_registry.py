@@ -157,6 +157,11 @@ def _cron_spec(schedule: object, task: object, payload: object, name: object, tz
             f"tz {tz!r:.60} is no time zone zoneinfo knows; use an IANA name such as 'UTC' or 'Europe/Paris'"
         ) from None
     shown = f"cron schedule {schedule!r:.80}"
+    if len(schedule.split()) > 6:  # croniter reads a year there: such a schedule runs out of ticks
+        raise ValueError(
+            f"{shown} has a seventh field (year), which trioq does not take: a schedule must tick forever "
+            "(five fields, an optional sixth of seconds); enqueue a one-off job with delay=... instead"
+        )
     try:
         valid = croniter.is_valid(schedule)
         if valid:  # a valid expression may still never fire (February 30th): find its next tick
