@@ -218,6 +218,11 @@ def _cron_spec(schedule: object, task: object, payload: object, name: object, tz
             f"tz {tz!r:.60} is no time zone zoneinfo knows; use an IANA name such as 'UTC' or 'Europe/Paris'"
         ) from None
     shown = f"cron schedule {schedule!r:.80}"
+    if len(schedule.split()) > 6:  # croniter reads a year there: such a schedule runs out of ticks
+        raise ValueError(
+            f"{shown} has a seventh field (year), which trioq does not take: a schedule must tick forever "
+            "(five fields, an optional sixth of seconds); enqueue a one-off job with delay=... instead"
+        )
     try:
         valid = croniter.is_valid(schedule)
         if valid:  # a valid expression may still never fire (February 30th): find its next tick
@@ -313,14 +318,14 @@ class Registry:
         store however many nodes run (``registry.cron("*/5 * * * *", "noop", payload={})``).
 
         ``schedule``: croniter syntax, five fields (minute, hour, day of month, month, day of
-        week), an optional sixth of seconds, or an alias such as ``"@hourly"``; read in the time
-        zone ``tz`` (an IANA name, ``"UTC"`` by default; daylight saving time as croniter
-        handles it). ``name`` identifies the schedule in the store, which records the last tick
-        enqueued under it; it defaults to the task's name, so a second schedule of one task
-        needs a ``name`` of its own (``ValueError`` otherwise), and renaming a schedule starts
-        it afresh. The task need not be registered yet: :func:`~trioq.open_queue` refuses a
-        registry whose crons name a task it does not know, or whose payload the task does not
-        take.
+        week), an optional sixth of seconds (last: ``"* * * * * */10"`` is every 10 s), or an
+        alias such as ``"@hourly"``; read in the time zone ``tz`` (an IANA name, ``"UTC"`` by
+        default; daylight saving time as croniter handles it, see ``docs/cron.md``). ``name``
+        identifies the schedule in the store, which records the last tick enqueued under it; it
+        defaults to the task's name, so a second schedule of one task needs a ``name`` of its
+        own (``ValueError`` otherwise), and renaming a schedule starts it afresh. The task need
+        not be registered yet: :func:`~trioq.open_queue` refuses a registry whose crons name a
+        task it does not know, or whose payload the task does not take.
 
         Ticks are enqueued by the queue that leads the store (any in-process store's queue; on
         PostgreSQL, the leader node), each job with idempotency key
@@ -329,9 +334,10 @@ class Registry:
         after it, never for ticks before. After downtime (no queue open, or the store out of
         reach), the latest tick missed runs once, not once per missed tick.
 
-        Raises ``ValueError`` for a schedule that is not valid (or never fires), an unknown
-        time zone, a payload that is not a JSON dict a store can hold, a name that is not a
-        label (:func:`~trioq._model.label_problem`), or a name taken by another schedule; and
+        Raises ``ValueError`` for a schedule that is not valid, never fires, or has a seventh
+        field (croniter's year: its ticks would run out), an unknown time zone, a payload that
+        is not a JSON dict a store can hold, a name that is not a label
+        (:func:`~trioq._model.label_problem`), or a name taken by another schedule; and
         ``TypeError`` for a schedule, task or tz that is not a string. Returns the schedule.
         """
         spec = _cron_spec(schedule, task, payload, name, tz)

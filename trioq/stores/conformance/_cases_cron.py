@@ -30,7 +30,7 @@ class CronCases(CaseBase):
     cron_model_steps: ClassVar[int] = 40
     cron_model_runs: ClassVar[int] = 3
 
-    async def test_each_tick_enqueues_one_job(self, harness: Harness, store: Store) -> None:
+    async def test_cron_each_tick_enqueues_one_job(self, harness: Harness, store: Store) -> None:
         """A tick past the mark enqueues its job (ready, with its key) and moves the mark; each new tick again."""
         assert await store.ticks() == {}
         first = await store.add_tick("every5", START + 300, _job(harness, "every5", START + 300))
@@ -41,7 +41,7 @@ class CronCases(CaseBase):
         held = await store.jobs([JobState.READY])
         assert sorted(j.id for j in held) == sorted([first.id, second.id])
 
-    async def test_a_repeated_or_older_tick_enqueues_nothing(self, harness: Harness, store: Store) -> None:
+    async def test_cron_a_repeated_or_older_tick_enqueues_nothing(self, harness: Harness, store: Store) -> None:
         """The same tick again, or one before the mark, returns ``None`` and changes nothing."""
         tick = START + 300
         assert await store.add_tick("c", tick, _job(harness, "c", tick)) is not None
@@ -50,14 +50,14 @@ class CronCases(CaseBase):
         assert await store.ticks() == {"c": tick}
         assert (await store.counts())["ready"] == 1
 
-    async def test_schedules_keep_marks_of_their_own(self, harness: Harness, store: Store) -> None:
+    async def test_cron_schedules_keep_marks_of_their_own(self, harness: Harness, store: Store) -> None:
         """Each name has its own mark: one schedule's tick does not take another's."""
         tick = START + 60
         assert await store.add_tick("a", tick, _job(harness, "a", tick)) is not None
         assert await store.add_tick("b", tick, _job(harness, "b", tick)) is not None
         assert await store.ticks() == {"a": tick, "b": tick}
 
-    async def test_a_baseline_is_recorded_once_and_enqueues_nothing(self, harness: Harness, store: Store) -> None:
+    async def test_cron_a_baseline_is_recorded_once_and_enqueues_nothing(self, harness: Harness, store: Store) -> None:
         """``job=None`` records the mark only where there is none; it never moves an existing mark."""
         assert await store.add_tick("c", START, None) is None
         assert await store.ticks() == {"c": START}
@@ -68,7 +68,7 @@ class CronCases(CaseBase):
         assert await store.ticks() == {"c": START + 300}
         assert (await store.counts())["ready"] == 1
 
-    async def test_a_tick_whose_key_is_held_counts_as_taken(self, harness: Harness, store: Store) -> None:
+    async def test_cron_a_tick_whose_key_is_held_counts_as_taken(self, harness: Harness, store: Store) -> None:
         """A job holding the tick's key already: ``None``, no second job, and the mark moves on."""
         tick = START + 300
         (held,) = await store.add([_job(harness, "c", tick)])
@@ -76,7 +76,7 @@ class CronCases(CaseBase):
         assert await store.ticks() == {"c": tick}
         assert [j.id for j in await store.jobs([JobState.READY])] == [held.id]
 
-    async def test_a_bad_tick_records_nothing(self, harness: Harness, store: Store) -> None:
+    async def test_cron_a_bad_tick_records_nothing(self, harness: Harness, store: Store) -> None:
         """A name that is no label, a tick that is no finite number, a job the store cannot hold: ``InvalidJob``,
         and no mark."""
         job = _job(harness, "c", START)
@@ -97,7 +97,7 @@ class CronCases(CaseBase):
         assert await store.ticks() == {}
         assert sum((await store.counts()).values()) == 0
 
-    async def test_ticks_survive_a_reopen(self, harness: Harness) -> None:
+    async def test_cron_ticks_survive_a_reopen(self, harness: Harness) -> None:
         """Marks are kept like jobs: a new session (a restart) finds them, and the tick's job, as they were."""
         store = harness.make()
         tick = START + 300
@@ -112,7 +112,7 @@ class CronCases(CaseBase):
             assert await again.add_tick("c", tick, _job(harness, "c", tick)) is None
 
     @needs("checkpoint")
-    async def test_ticks_survive_a_checkpoint(self, harness: Harness) -> None:
+    async def test_cron_ticks_survive_a_checkpoint(self, harness: Harness) -> None:
         """A checkpoint carries the marks (the log before it is gone): a reopen after it still has them."""
         store = harness.make()
         async with harness.session(store):
@@ -125,7 +125,7 @@ class CronCases(CaseBase):
             assert await again.ticks() == {"c": START + 300, "d": START + 60}
 
     @needs("concurrent_sessions")
-    async def test_nodes_racing_for_a_tick_enqueue_it_once(self, harness: Harness) -> None:
+    async def test_cron_nodes_racing_for_a_tick_enqueue_it_once(self, harness: Harness) -> None:
         """Two nodes asking for the same tick at once (or a new leader asking again): one job."""
         first = harness.make()
         second = harness.reopen(first)
@@ -145,7 +145,7 @@ class CronCases(CaseBase):
             assert (await second.ticks())["race"] == START + 1500
             assert (await first.counts())["ready"] == 5
 
-    async def test_model_based_run_of_ticks(self, harness: Harness) -> None:
+    async def test_cron_model_based_run_of_ticks(self, harness: Harness) -> None:
         """Random ticks (new, repeated, older), baselines, reopens and checkpoints agree with a plain model: a
         tick enqueues one job exactly when it is past the name's mark, and the marks are the model's."""
         for run in range(self.cron_model_runs):
