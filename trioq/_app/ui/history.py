@@ -5,12 +5,13 @@ while it serves and keeps the last :data:`KEEP` samples (ten minutes). Rates
 are the differences between neighbouring samples: jobs succeeded per second
 and failed attempts per second. The totals are this node's (they count since
 its queue opened); a total that goes down (the queue was opened again) counts
-as a new start, not as a negative rate.
+from zero again, never as a negative rate.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import math
 import time
@@ -21,7 +22,7 @@ import trio
 from ..._model import TrioqError
 from ..._runtime.queue import Queue
 
-__all__ = ["KEEP", "SAMPLE_EVERY", "Chart", "History", "chart", "sample_forever"]
+__all__ = ["KEEP", "SAMPLE_EVERY", "Chart", "History", "Step", "chart", "sample_forever"]
 
 #: Seconds between two samples.
 SAMPLE_EVERY = 3.0
@@ -32,12 +33,22 @@ _logger = logging.getLogger("trioq.http")
 
 
 @attrs.frozen
-class Rate:
-    """The rates between two samples, at the later one's wall time ``at``."""
+class Step:
+    """What happened between two neighbouring samples: from ``span`` seconds before ``at`` to ``at``,
+    ``succeeded`` jobs succeeded and ``failed`` attempts failed (never negative)."""
 
     at: float
-    succeeded: float
-    failed: float
+    span: float
+    succeeded: int
+    failed: int
+
+    @property
+    def succeeded_per_s(self) -> float:
+        return self.succeeded / self.span
+
+    @property
+    def failed_per_s(self) -> float:
+        return self.failed / self.span
 
 
 class History:
@@ -50,20 +61,20 @@ class History:
         """Record ``totals`` as seen at wall time ``at``."""
         self.samples.append((at, dict(totals)))
 
-    def rates(self) -> list[Rate]:
-        """Per-second rates between neighbouring samples, oldest first (one fewer than the samples)."""
-        out: list[Rate] = []
-        for (t0, a), (t1, b) in zip(self.samples, list(self.samples)[1:], strict=False):
-            span = t1 - t0
-            if span <= 0:
-                continue
-            out.append(Rate(t1, _per_second(a, b, "succeeded", span), _per_second(a, b, "failed_attempts", span)))
+    def steps(self) -> list[Step]:
+        """The steps between neighbouring samples, oldest first (one fewer than the samples)."""
+        out: list[Step] = []
+        for (t0, a), (t1, b) in itertools.pairwise(self.samples):
+            if t1 > t0:
+                out.append(Step(t1, t1 - t0, _grown(a, b, "succeeded"), _grown(a, b, "failed_attempts")))
         return out
 
 
-def _per_second(before: dict[str, int], after: dict[str, int], name: str, span: float) -> float:
-    grown = after.get(name, 0) - before.get(name, 0)
-    return max(grown, 0) / span
+def _grown(before: dict[str, int], after: dict[str, int], name: str) -> int:
+    """How much the total ``name`` grew; a total that went down was reset (its queue opened again):
+    it grew by its new value since."""
+    now, then = after.get(name, 0), before.get(name, 0)
+    return now - then if now >= then else now
 
 
 async def sample_forever(queue: Queue, history: History, every: float = SAMPLE_EVERY) -> None:
@@ -83,7 +94,7 @@ async def sample_forever(queue: Queue, history: History, every: float = SAMPLE_E
 
 WIDTH, HEIGHT = 640.0, 180.0
 #: Room left for the axis labels: left, right, top, bottom.
-_LEFT, _RIGHT, _TOP, _BOTTOM = 48.0, 8.0, 10.0, 22.0
+_LEFT, _RIGHT, _TOP, _BOTTOM = 48.0, 16.0, 10.0, 22.0
 
 
 @attrs.frozen
@@ -105,13 +116,13 @@ class Chart:
 
 def chart(history: History, now: float | None = None) -> Chart | None:
     """The chart of ``history``, or ``None`` before two samples exist."""
-    rates = history.rates()
-    if not rates:
+    steps = history.steps()
+    if not steps:
         return None
     now = time.time() if now is None else now
     first = history.samples[0][0]
     span = max(now - first, 1.0)
-    top = _nice(max(max(r.succeeded for r in rates), max(r.failed for r in rates)))
+    top = _nice(max(max(step.succeeded_per_s, step.failed_per_s) for step in steps))
     plot_w, plot_h = WIDTH - _LEFT - _RIGHT, HEIGHT - _TOP - _BOTTOM
 
     def x(at: float) -> float:
@@ -126,34 +137,34 @@ def chart(history: History, now: float | None = None) -> Chart | None:
     minutes = span / 60
     step = _tick_step(span)
     x_ticks = [(x(now - back), _ago(back)) for back in _frange(0, span, step)]
-    y_ticks = [(y(top * k / 4), _figure(top * k / 4)) for k in range(5)]
-    first_totals, last_totals = history.samples[0][1], history.samples[-1][1]
-    elapsed = history.samples[-1][0] - first
-    done = max(last_totals.get("succeeded", 0) - first_totals.get("succeeded", 0), 0)
-    failed = max(last_totals.get("failed_attempts", 0) - first_totals.get("failed_attempts", 0), 0)
+    y_ticks = [(y(top * k / 5), _figure(top * k / 5)) for k in range(6)]
+    elapsed = sum(step.span for step in steps)
+    done = sum(step.succeeded for step in steps)
+    failed = sum(step.failed for step in steps)
     return Chart(
-        succeeded_points=points([(r.at, r.succeeded) for r in rates]),
-        failed_points=points([(r.at, r.failed) for r in rates]),
+        succeeded_points=points([(step.at, step.succeeded_per_s) for step in steps]),
+        failed_points=points([(step.at, step.failed_per_s) for step in steps]),
         y_max=top,
         y_ticks=y_ticks,
         x_ticks=x_ticks,
         minutes=minutes,
-        succeeded_per_s=done / elapsed if elapsed > 0 else 0.0,
-        failed_per_s=failed / elapsed if elapsed > 0 else 0.0,
+        succeeded_per_s=done / elapsed,
+        failed_per_s=failed / elapsed,
         failure_rate=failed / (done + failed) if done + failed else None,
         samples=len(history.samples),
     )
 
 
 def _nice(value: float) -> float:
-    """The smallest of 1, 2 or 5 times a power of ten at or above ``value`` (at least 1)."""
+    """The smallest of 1, 2, 2.5 or 5 times a power of ten at or above ``value`` (at least 1): five
+    grid steps of it are round numbers."""
     if value <= 1:
         return 1.0
     power = 10.0 ** math.floor(math.log10(value))
-    for factor in (1, 2, 5, 10):
+    for factor in (1.0, 2.0, 2.5, 5.0):
         if value <= factor * power:
             return factor * power
-    return 10.0 * power  # pragma: no cover - the loop always returns
+    return 10.0 * power
 
 
 def _tick_step(span: float) -> float:
@@ -168,9 +179,11 @@ def _frange(start: float, stop: float, step: float) -> list[float]:
 
 
 def _ago(seconds: float) -> str:
-    if seconds == 0:
-        return "now"
-    return f"-{seconds / 60:g}m" if seconds >= 60 else f"-{seconds:g}s"
+    """An x tick's label: ``now``, ``-45s``, ``-2m``, ``-1m15s``."""
+    minutes, rest = divmod(round(seconds), 60)
+    if not minutes:
+        return f"-{rest}s" if rest else "now"
+    return f"-{minutes}m{rest:02d}s" if rest else f"-{minutes}m"
 
 
 def _figure(value: float) -> str:

@@ -33,11 +33,14 @@ HEADERS = {
 }
 
 
-def when(at: float | None) -> str:
-    """A wall-clock time as ``YYYY-MM-DD HH:MM:SS UTC`` (``"-"`` for ``None``)."""
+def when(at: float | None, precise: bool = False) -> str:
+    """A wall-clock time as ``YYYY-MM-DD HH:MM:SS UTC`` (``precise``: with milliseconds; ``"-"`` for
+    ``None``)."""
     if at is None:
         return "-"
-    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text}.{moment.microsecond // 1000:03d} UTC" if precise else f"{text} UTC"
 
 
 def ago(at: float | None, now: float | None = None) -> str:

@@ -117,7 +117,7 @@ def _set_cookie(response: Response, session: Session) -> None:
 
 async def _read_form() -> dict[str, str]:
     """The urlencoded form of a POST: each field's first value. 415 for another body type, 413 past
-    :data:`MAX_FORM` bytes, 408 if the body is slower than the app's ``BODY_TIMEOUT``."""
+    :data:`MAX_FORM` bytes, 400 past 20 fields, 408 if the body is slower than the app's ``BODY_TIMEOUT``."""
     if request.mimetype != "application/x-www-form-urlencoded":
         raise _Refused(415, "expected a form (application/x-www-form-urlencoded)")
     parts: list[bytes] = []
@@ -131,9 +131,12 @@ async def _read_form() -> dict[str, str]:
             parts.append(part)
     if scope.cancelled_caught:
         raise _Refused(408, "the form did not arrive in time")
-    fields = urllib.parse.parse_qs(
-        b"".join(parts).decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=20
-    )
+    try:
+        fields = urllib.parse.parse_qs(
+            b"".join(parts).decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=20
+        )
+    except ValueError:  # over max_num_fields
+        raise _Refused(400, "a form of over 20 fields") from None
     return {name: values[0] for name, values in fields.items()}
 
 
@@ -172,10 +175,10 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
         async def route(*args: _P.args, **kwargs: _P.kwargs) -> Response:
             session = sessions.get(request.cookies.get(COOKIE))
             fresh = False
-            if session is None or not session.authenticated:
+            if session is None:
                 if token is not None:
                     return _see_other(url_for(".login", next=request.full_path.rstrip("?")))
-                session, fresh = sessions.new(authenticated=True), True
+                session, fresh = sessions.new(), True
             response = await _answering(session, view(session, *args, **kwargs))
             if fresh:
                 _set_cookie(response, session)
@@ -191,7 +194,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
         @functools.wraps(action)
         async def route(*args: _P.args, **kwargs: _P.kwargs) -> Response:
             session = sessions.get(request.cookies.get(COOKIE))
-            if session is None or not session.authenticated:
+            if session is None:
                 if token is not None:
                     return _see_other(url_for(".login"))
                 return _error_page(403, "no session: load the page again and repeat the action")
@@ -332,7 +335,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
         if old:
             sessions.forget(old)
         response = _see_other(target)
-        _set_cookie(response, sessions.new(authenticated=True))
+        _set_cookie(response, sessions.new())
         return response
 
     @bp.post("/logout")

@@ -35,12 +35,11 @@ MAX_SESSIONS = 10_000
 
 @attrs.define
 class Session:
-    """One browser's session: ``authenticated`` once it logged in (or always, without a token);
-    ``csrf`` the token its forms must send back; ``flash`` messages for its next page."""
+    """One browser's session (made by a login, or by a first page view without a token): ``csrf``
+    the token its forms must send back; ``flash`` messages for its next page."""
 
     id: str
     csrf: str
-    authenticated: bool
     expires: float
     flash: list[tuple[str, str]] = attrs.Factory(list)
 
@@ -64,7 +63,7 @@ class Sessions:
     def __init__(self) -> None:
         self._by_id: collections.OrderedDict[str, Session] = collections.OrderedDict()
 
-    def new(self, *, authenticated: bool) -> Session:
+    def new(self) -> Session:
         """A fresh session with a new id and CSRF token (a login always makes a new one, so an id
         planted in a browser before the login is never promoted)."""
         while len(self._by_id) >= MAX_SESSIONS:
@@ -72,7 +71,6 @@ class Sessions:
         session = Session(
             id=secrets.token_urlsafe(32),
             csrf=secrets.token_urlsafe(32),
-            authenticated=authenticated,
             expires=time.monotonic() + LIFETIME,
         )
         self._by_id[session.id] = session

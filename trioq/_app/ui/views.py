@@ -85,11 +85,13 @@ async def overview(queue: Queue) -> Overview:
 
 @attrs.frozen
 class Event:
-    """One line of a job's timeline: wall time, what happened, and a detail (may be empty)."""
+    """One line of a job's timeline: wall time, what happened, a detail (may be empty), and whether
+    the detail is an error."""
 
     at: float
     what: str
     detail: str = ""
+    error: bool = False
 
 
 @attrs.frozen
@@ -134,15 +136,15 @@ def timeline(job: Job) -> list[Event]:
     """What happened to ``job``, in time order: created, due, each kept failed attempt, the end."""
     events = [Event(job.created_at, "created", f"in queue {job.queue}")]
     if job.run_at > job.created_at + 0.001 or job.state is JobState.SCHEDULED:
-        events.append(Event(job.run_at, "due" if job.state is JobState.SCHEDULED else "run at"))
+        events.append(Event(job.run_at, "due", "(run_at: the time it was last scheduled for)"))
     if job.deadline is not None:
         events.append(Event(job.deadline, "deadline", "cancelled if not started by then"))
     events.extend(_failure(failed) for failed in job.errors)
     if job.finished_at is not None:
         ended = "" if job.state is JobState.SUCCEEDED else job.error or ""
-        events.append(Event(job.finished_at, job.state.value, ended))
+        events.append(Event(job.finished_at, job.state.value, ended, error=bool(ended)))
     return sorted(events, key=lambda event: event.at)
 
 
 def _failure(failed: FailedAttempt) -> Event:
-    return Event(failed.finished_at, f"attempt {failed.attempt} failed", failed.error)
+    return Event(failed.finished_at, f"attempt {failed.attempt} failed", failed.error, error=True)
