@@ -108,7 +108,8 @@ async def _until(queue: trioq.Queue, job_id: str, state: JobState) -> None:
 
 
 async def _populate(queue: trioq.Queue) -> dict[str, str]:
-    """Jobs in every state (the order matters: past max_ready=3 ready or scheduled, adds are deferred)."""
+    """Jobs in every state (the order matters: past max_ready=3 ready or scheduled, adds are deferred), and
+    a dead and a running job of their own for the test that retries and cancels."""
     jobs: dict[str, str] = {}
     bulk = await queue.enqueue_many([JobSpec("ok", {"n": n}, tenant="bulk") for n in range(55)])
     jobs["bulk_newest"] = bulk[-1].id
@@ -117,9 +118,11 @@ async def _populate(queue: trioq.Queue) -> dict[str, str]:
     jobs["dead"] = (await queue.enqueue("flaky")).id
     jobs["cancelled"] = (await queue.enqueue("ok", delay=3600)).id
     await queue.cancel(jobs["cancelled"])
-    await _until(queue, jobs["running"], JobState.RUNNING)
+    jobs["to_retry"] = (await queue.enqueue("flaky")).id
+    jobs["to_cancel"] = (await queue.enqueue("hang")).id
+    for role, state in [("running", "running"), ("to_cancel", "running"), ("dead", "dead"), ("to_retry", "dead")]:
+        await _until(queue, jobs[role], JobState(state))
     await _until(queue, jobs["succeeded"], JobState.SUCCEEDED)
-    await _until(queue, jobs["dead"], JobState.DEAD)
     await _until(queue, bulk[-1].id, JobState.SUCCEEDED)
     jobs["scheduled"] = (await queue.enqueue("ok", {"parent": True}, delay=3600)).id
     jobs["waiting"] = (await queue.enqueue("ok", {"child": True}, after=[jobs["scheduled"]])).id
@@ -325,18 +328,19 @@ def test_retry_cancel_pause_and_resume_through_the_buttons(tab: Tab, live: Live)
     assert live.state("ready") is JobState.READY and page.url == f"{tab.url}/ui/jobs/{live.jobs['ready']}"
     tab.confirm = True
 
-    tab.go(f"/ui/jobs/{live.jobs['dead']}")
+    dead, running = live.jobs["to_retry"], live.jobs["to_cancel"]  # its own: the others keep theirs
+    tab.go(f"/ui/jobs/{dead}")
     page.click("button:has-text('Retry')")  # confirm()ed by the dialog handler
     assert "again" in tab.text(".flash")
-    live.run(_until, live.queue, live.jobs["dead"], JobState.SUCCEEDED)
-    tab.go(f"/ui/jobs/{live.jobs['dead']}")
+    live.run(_until, live.queue, dead, JobState.SUCCEEDED)
+    tab.go(f"/ui/jobs/{dead}")
     assert tab.text("#job-state") == "succeeded" and '"fine now"' in tab.text("#result")
     assert page.locator("button:has-text('Retry')").count() == 0
 
-    tab.go(f"/ui/jobs/{live.jobs['running']}")
+    tab.go(f"/ui/jobs/{running}")
     assert "running" in tab.text("#job-state")
     page.click("button:has-text('Cancel')")
-    assert tab.text("#job-state") == "cancelled" and live.state("running") is JobState.CANCELLED
+    assert tab.text("#job-state") == "cancelled" and live.state(running) is JobState.CANCELLED
 
     tab.go("/ui")
     page.click("#queues tr[data-queue=mail] button:has-text('Pause')")

@@ -44,10 +44,12 @@ class Step:
 
     @property
     def succeeded_per_s(self) -> float:
+        """Jobs succeeded per second over the step."""
         return self.succeeded / self.span
 
     @property
     def failed_per_s(self) -> float:
+        """Attempts failed per second over the step."""
         return self.failed / self.span
 
 
@@ -168,6 +170,7 @@ def _nice(value: float) -> float:
 
 
 def _tick_step(span: float) -> float:
+    """Seconds between x ticks: at most about six over ``span``."""
     for step in (15.0, 30.0, 60.0, 120.0, 300.0):
         if span / step <= 6:
             return step
@@ -175,6 +178,7 @@ def _tick_step(span: float) -> float:
 
 
 def _frange(start: float, stop: float, step: float) -> list[float]:
+    """``start``, ``start + step``, ... up to ``stop`` included."""
     return [start + k * step for k in range(int((stop - start) // step) + 1)]
 
 
@@ -187,4 +191,5 @@ def _ago(seconds: float) -> str:
 
 
 def _figure(value: float) -> str:
+    """A y tick's label: ``12.5``, ``0.20``."""
     return f"{value:g}" if value >= 1 or value == 0 else f"{value:.2f}"

@@ -74,10 +74,12 @@ class _Refused(Exception):
 
 
 def _error_page(status: int, message: str, session: Session | None = None) -> Response:
+    """An HTML error page with ``status``; with a ``session``, its navigation and messages too."""
     return page("error.html", status, status=status, message=message, session=session, **_common())
 
 
 def _common() -> dict[str, Any]:
+    """What every template may use: ``url`` (Quart's ``url_for``: ``.name`` is this blueprint's) and the states."""
     return {"url": url_for, "states": views.STATES}
 
 
@@ -104,6 +106,8 @@ def _see_other(target: str) -> Response:
 
 
 def _set_cookie(response: Response, session: Session) -> None:
+    """Send the session's id: ``HttpOnly``, ``SameSite=Strict``, for the dashboard's path only, ``Secure``
+    when the request came over https, for the session's :data:`LIFETIME`."""
     response.set_cookie(
         COOKIE,
         session.id,
@@ -149,6 +153,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     samplers: list[trio.CancelScope] = []
 
     async def sample() -> None:
+        """Sample into ``history`` until cancelled by :func:`stop_sampling` (or the queue closes)."""
         with trio.CancelScope() as scope:
             samplers.append(scope)
             try:
@@ -158,11 +163,13 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
 
     @bp.before_app_serving
     async def start_sampling() -> None:
+        """When the host app starts serving: start sampling in its nursery."""
         if isinstance(current_app, QuartTrio):  # a plain Quart app has no nursery: no chart
             current_app.nursery.start_soon(sample)
 
     @bp.after_app_serving
     async def stop_sampling() -> None:
+        """When it stops: stop sampling, so that the app's nursery need not wait for it."""
         for scope in samplers:
             scope.cancel()
 
@@ -214,6 +221,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.get("")
     @viewing
     async def overview(session: Session) -> Response:
+        """``GET /ui``: the overview (see :func:`.views.overview`) and the throughput chart."""
         found = await views.overview(queue)
         return page(
             "overview.html",
@@ -229,6 +237,8 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.get("/jobs")
     @viewing
     async def jobs(session: Session) -> Response:
+        """``GET /ui/jobs``: a page of :data:`PAGE_SIZE` jobs, newest first, after ``after``; a filter the
+        queue refuses (``InvalidJob``) is a 400 page that says why, with the form to fix it."""
         args = request.args
         filters = {name: args.get(name) or None for name in ("state", "task", "queue", "tenant")}
         after = args.get("after") or None
@@ -259,6 +269,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.get("/jobs/<job_id>")
     @viewing
     async def job(session: Session, job_id: str) -> Response:
+        """``GET /ui/jobs/<id>``: one job (404 if the store does not hold it)."""
         found = await views.job_page(queue, job_id)
         return page(
             "job.html", session=session, token_set=token is not None, p=found, scan=views.CHILD_SCAN, **_common()
@@ -269,6 +280,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.post("/jobs/<job_id>/retry")
     @acting
     async def retry(session: Session, form: dict[str, str], job_id: str) -> str:
+        """``queue.retry``; a job that is not dead or cancelled is said so on the job's page."""
         try:
             done = await queue.retry(job_id)
             session.say("ok", f"Job {done.id} is {done.state.value} again (attempts reset).")
@@ -279,6 +291,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.post("/jobs/<job_id>/cancel")
     @acting
     async def cancel(session: Session, form: dict[str, str], job_id: str) -> str:
+        """``queue.cancel``; a job that had already ended is said so on the job's page."""
         try:
             before = await queue.get(job_id)
             done = await queue.cancel(job_id)
@@ -291,6 +304,7 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
         return url_for(".job", job_id=job_id)
 
     async def pausing(session: Session, form: dict[str, str], pause: bool) -> str:
+        """Pause or resume the form's ``queue``, then back to its ``next`` (inside the dashboard) or the overview."""
         name = form.get("queue", "")
         try:
             changed = await (queue.pause(name) if pause else queue.resume(name))
@@ -303,17 +317,20 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.post("/queues/pause")
     @acting
     async def pause(session: Session, form: dict[str, str]) -> str:
+        """``POST /ui/queues/pause``."""
         return await pausing(session, form, True)
 
     @bp.post("/queues/resume")
     @acting
     async def resume(session: Session, form: dict[str, str]) -> str:
+        """``POST /ui/queues/resume``."""
         return await pausing(session, form, False)
 
     # ------------------------------------------------------------- login
 
     @bp.get("/login")
     async def login() -> Response:
+        """``GET /ui/login``: the form (without a token there is nothing to log in to: the overview)."""
         if token is None:
             return _see_other(url_for(".overview"))
         target = _safe_next(request.args.get("next"), url_for(".overview"))
@@ -321,6 +338,8 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
 
     @bp.post("/login")
     async def login_post() -> Response:
+        """``POST /ui/login``: the right token makes a new session (the old one, if any, is forgotten) and
+        goes to ``next``; a wrong one is a 401 with the form again."""
         if token is None:
             return _see_other(url_for(".overview"))
         try:
@@ -341,11 +360,13 @@ def ui_blueprint(queue: Queue, *, token: str | None) -> Blueprint:
     @bp.post("/logout")
     @acting
     async def logout(session: Session, form: dict[str, str]) -> str:
+        """``POST /ui/logout``: forget the session server-side."""
         sessions.forget(session.id)
         return url_for(".login") if token is not None else url_for(".overview")
 
     @bp.get("/static/<name>")
     async def static(name: str) -> Response:
+        """``GET /ui/static/<name>``: ``ui.css`` or ``ui.js``, open to all (the login page needs them)."""
         if name not in _STATIC:
             return _error_page(404, f"no file {name}")
         headers = {**HEADERS, "Cache-Control": "public, max-age=300"}
@@ -374,6 +395,7 @@ async def _answering(session: Session | None, pending: Awaitable[Response]) -> R
 
 
 def _bug(exc: Exception, session: Session | None) -> Response:
+    """A 500 page naming a reference; the traceback goes to the ``trioq.http`` log under it, never to the page."""
     reference = secrets.token_hex(4)
     _logger.error(
         "unhandled error answering %s %s (reference %s)",
@@ -387,4 +409,5 @@ def _bug(exc: Exception, session: Session | None) -> Response:
 
 @functools.cache
 def _static_file(name: str) -> bytes:
+    """The bytes of ``static/<name>`` in this package (read once)."""
     return resources.files(__package__).joinpath("static", name).read_bytes()

@@ -108,10 +108,12 @@ class JobPage:
 
     @property
     def can_retry(self) -> bool:
+        """Whether the page offers Retry: the job is dead or cancelled."""
         return self.job.state in (JobState.DEAD, JobState.CANCELLED)
 
     @property
     def can_cancel(self) -> bool:
+        """Whether the page offers Cancel: the job has not ended."""
         return not self.job.state.terminal
 
 
