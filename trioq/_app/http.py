@@ -21,6 +21,7 @@ Install with ``pip install "trioq[http]"``. Routes (JSON unless noted)::
     POST   /queues/<name>/pause   no node claims from that named queue until resumed
                                   -> {"queue", "paused": true, "changed"}
     POST   /queues/<name>/resume  claims from it go on -> {"queue", "paused": false, "changed"}
+    GET    /ui ...             the web dashboard (HTML; its own login and cookie: see trioq._app.ui)
 
 A queue name in a path is one segment: a queue whose name holds ``/`` is paused
 from Python (``queue.pause``), not over HTTP.
@@ -69,6 +70,7 @@ from .._model import InvalidJob, JobNotFound, JobSpec, QueueFull, TrioqError, Un
 from .._runtime.queue import Queue
 from ..stores._base import Added, KeyClash
 from .openapi import openapi_spec
+from .ui import is_ui_request, ui_blueprint
 
 __all__ = ["blueprint", "create_app"]
 
@@ -591,6 +593,8 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             return _too_large(_limit(max_body)).response()
         if expected is None or (request.endpoint or "").rpartition(".")[2] in _OPEN_ENDPOINTS:
             return None
+        if is_ui_request():  # the dashboard checks its own session cookie
+            return None
         given = request.headers.getlist("Authorization")
         # Exactly one header: with two, a proxy reading the last and this app the
         # first could disagree on who is asking.
@@ -727,6 +731,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         changed = await queue.resume(name)
         return _json({"queue": name, "paused": False, "changed": changed})
 
+    bp.register_blueprint(ui_blueprint(queue, token=token), url_prefix="/ui")
     return bp
 
 

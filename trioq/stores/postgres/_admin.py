@@ -18,7 +18,7 @@ from ._sql import not_found as _not_found
 from ._sql import one_row as _row
 from ._sql import run as _run
 
-__all__ = ["cancel", "limit_usage", "sweep_rates", "pause", "paused", "resume", "retry"]
+__all__ = ["cancel", "limit_usage", "nodes", "sweep_rates", "pause", "paused", "resume", "retry"]
 
 #: A resume wakes at most this many workers (it counts the queue's ready jobs up to here).
 _WAKE_AT_MOST = 1000
@@ -190,6 +190,14 @@ def paused(conn: Any, s: str) -> list[str]:
     """The paused queues' names, sorted as Python sorts strings (not by the database's collation)."""
     with _cur(conn) as cur:
         return sorted(row[0] for row in _run(cur, f"SELECT queue FROM {s}.paused").fetchall())
+
+
+def nodes(conn: Any, s: str) -> list[tuple[str, float]]:
+    """Every node with a lease row, by id: ``(id, expires_at)``. A row outlives its node until the
+    rescue after ``expires_at`` deletes it; a node that never claimed (``workers=0``) has none."""
+    with _cur(conn) as cur:
+        rows = _run(cur, f"SELECT id, expires_at FROM {s}.nodes ORDER BY id").fetchall()
+    return [(str(node), float(expires_at)) for node, expires_at in rows]
 
 
 def limit_usage(conn: Any, s: str) -> dict[str, tuple[int, int, float | None]]:

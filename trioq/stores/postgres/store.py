@@ -914,6 +914,13 @@ class PostgresStore:
         self._open()
         return await self._call(_admin.limit_usage)
 
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The nodes sharing this store, by id: ``[{"id", "expires_at"}]``, ``expires_at`` the end of
+        each one's lease on the runtime's clock (wall time); one small query (see :func:`._admin.nodes`).
+        For the dashboard: not part of the Store protocol, which other stores do without."""
+        self._open()
+        return [{"id": node, "expires_at": until} for node, until in await self._call(_admin.nodes)]
+
     async def has_pending(self) -> bool:
         """Whether any job is ready, scheduled, running, deferred or waiting (what ``join()`` asks; cheaper
         than :meth:`counts`)."""
