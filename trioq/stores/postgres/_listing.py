@@ -1,8 +1,10 @@
 """Listings for operators (``Store.list_jobs``): pages of jobs, newest enqueued first.
 
-Each page is read from ``jobs_listing`` (``state, seq``): one backward index
-scan per state asked for, merged, so a page costs about ``limit`` rows per
-state whatever the table holds. A filter on ``task``, ``queue`` or
+Each page is read from ``jobs_listing`` (``state, seq``, for rows with
+``max_attempts > 0``, which is every row: the statements here say so, no
+other does, so no other plan can pick the index): one backward index scan
+per state asked for, merged, so a page costs about ``limit`` rows per state
+whatever the table holds. A filter on ``task``, ``queue`` or
 ``tenant`` is checked on the rows those scans meet: with one that matches
 rarely, a page walks back through the state's newer jobs until it has found
 ``limit`` (or reached the oldest).
@@ -52,7 +54,8 @@ def list_jobs(conn: Any, s: str, where: JobFilter, limit: int, after_id: str | N
         values: list[Any] = []
         for state in dict.fromkeys(where.states or _EVERY_STATE):
             branches.append(
-                f"(SELECT {COLUMNS}, seq FROM {s}.jobs WHERE state = %s{narrow} ORDER BY seq DESC LIMIT {limit})"
+                f"(SELECT {COLUMNS}, seq FROM {s}.jobs WHERE state = %s AND max_attempts > 0{narrow}"
+                f" ORDER BY seq DESC LIMIT {limit})"
             )
             values += [JobState(state).value, *params]
         query = f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS page ORDER BY seq DESC LIMIT {limit}"
