@@ -38,8 +38,10 @@ def schema_for(path: Path) -> str:
     return "t_" + hashlib.sha1(str(path).encode()).hexdigest()[:24]
 
 
-def postgres_kind(dsn: str, *, nodes: int = 2) -> StoreKind:
-    """PostgresStore on the test cluster: a schema per case, its sessions on the same schema as nodes."""
+def postgres_kind(dsn: str, *, nodes: int = 2, model_examples: int | None = 50) -> StoreKind:
+    """PostgresStore on the test cluster: a schema per case, its sessions on the same schema as nodes.
+    Its model-based run takes 50 examples (the embedded stores take 100): every call is a round trip,
+    and the three-node run (tests/stores/test_conformance.py) adds 40 more."""
     return StoreKind(
         make=lambda path: trioq.PostgresStore(dsn, schema=schema_for(path)),
         reopen=lambda store, path: trioq.PostgresStore(dsn, schema=schema_for(path)),
@@ -47,6 +49,7 @@ def postgres_kind(dsn: str, *, nodes: int = 2) -> StoreKind:
         inline_hints=False,
         nodes=nodes,
         bound_at_evict=True,
+        model_examples=model_examples,
     )
 
 

@@ -22,8 +22,6 @@ class TestStoreConformance(StoreConformance):
 class TestModelBasedRunOnThreePostgresNodes(ModelCases):
     """The model-based run again for PostgresStore, through three nodes on one schema."""
 
-    model_examples = 40
-
     @pytest.fixture
     def store_kind(self, pg_cluster: Cluster | ExternalCluster) -> StoreKind:
-        return postgres_kind(pg_cluster.dsn, nodes=3)
+        return postgres_kind(pg_cluster.dsn, nodes=3, model_examples=40)

@@ -32,4 +32,5 @@ class ModelCases(CaseBase):
         pytest.importorskip("hypothesis")
         from ._machine import run_model
 
-        await run_model(store_kind, tmp_path, max_examples=self.model_examples, steps=self.model_steps)
+        examples = self.model_examples if store_kind.model_examples is None else store_kind.model_examples
+        await run_model(store_kind, tmp_path, max_examples=examples, steps=self.model_steps)

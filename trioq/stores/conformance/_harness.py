@@ -56,6 +56,10 @@ class StoreKind:
     ``bound_at_evict``: the store applies ``max_retained`` when :meth:`evict`
     runs (a shared store's leader, in batches), not inside the transition
     that finishes a job; the cases then check the bound after ``evict``.
+
+    ``model_examples``: how many examples the model-based run takes on this
+    kind (``None``: the case class's ``model_examples``); a kind whose every
+    call is a round trip to a server may take fewer, to keep a suite's time.
     """
 
     make: Callable[[Path], Store]
@@ -65,6 +69,7 @@ class StoreKind:
     inline_hints: bool = True
     nodes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 3)))
     bound_at_evict: bool = False
+    model_examples: int | None = None
 
 
 class FakeClock:
