@@ -98,6 +98,26 @@ async def test_login_sends_you_back_inside_the_dashboard_only() -> None:
             assert response.headers["Location"] == expected, given
 
 
+async def test_a_next_that_no_header_can_carry_is_never_a_500() -> None:
+    """``next`` is echoed into ``Location``: control characters (CR LF: a header injection; NUL: hypercorn
+    refuses the response) send you to the overview, non-ASCII is percent-encoded, never a 500."""
+    async with _client() as (_queue, client):
+        for given, expected in [
+            ("/ui/jobs\r\nSet-Cookie: a=b", "/ui"),
+            ("/ui/jobs/\x00", "/ui"),
+            ("/ui/jobs\x7f", "/ui"),
+            ("/ui/jobs?task=\u00e9", "/ui/jobs?task=%C3%A9"),
+            ("/ui/jobs/\u65e5?state=dead", "/ui/jobs/%E6%97%A5?state=dead"),
+            ("/ui/jobs?task=a%20b", "/ui/jobs?task=a%20b"),
+        ]:
+            response = await client.post("/ui/login", form={"token": TOKEN, "next": given})
+            assert response.status_code == 303 and response.headers["Location"] == expected, given
+        page = await client.get("/ui")
+        csrf = _csrf(await page.get_data(as_text=True))
+        done = await client.post("/ui/queues/pause", form={"queue": "mail", "csrf": csrf, "next": "/ui/\r\nX: y"})
+        assert done.status_code == 303 and done.headers["Location"] == "/ui"
+
+
 async def test_pages_carry_a_strict_csp_and_refuse_odd_forms() -> None:
     async with _client() as (_queue, client):
         await _log_in(client)

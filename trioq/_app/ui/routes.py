@@ -88,14 +88,24 @@ def _root() -> str:
     return url_for(f"{request.blueprint}.overview")
 
 
+#: What :func:`_safe_next` leaves as is in a target: ASCII a URL may hold (``%`` too: escapes stay escapes).
+_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"
+
+
 def _safe_next(target: str | None, fallback: str) -> str:
-    """``target`` if it is a path inside the dashboard (no scheme, no host), else ``fallback``."""
-    if not target:
-        return fallback
+    """``target`` if it is a path inside the dashboard (no scheme, no host), else ``fallback``.
+
+    It goes out as a ``Location`` header: a target holding a control character (CR LF would split the
+    header, NUL makes the server refuse the response) is never one the dashboard made, so it is
+    ``fallback`` too; other characters a header cannot carry as they are (non-ASCII, spaces) are
+    percent-encoded."""
+    if not target or "\\" in target or any(char < " " or char == "\x7f" for char in target):
+        return fallback  # a backslash: browsers read "/\host" as "//host"
+    target = urllib.parse.quote(target.encode("utf-8", "backslashreplace"), safe=_URL_SAFE)
     parts = urllib.parse.urlsplit(target)
     root = _root()
     inside = parts.path == root or parts.path.startswith(root + "/")
-    if parts.scheme or parts.netloc or not inside or target.startswith("//") or "\\" in target:
+    if parts.scheme or parts.netloc or not inside or target.startswith("//"):
         return fallback
     return target
 
