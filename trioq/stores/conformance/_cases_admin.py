@@ -313,9 +313,10 @@ class ViewCases(CaseBase):
             ids[3],
             ids[1],
         ]
-        with pytest.raises(InvalidJob) as excinfo:
-            await store.list_jobs(JobFilter(), limit=3, after_id="no-such-job")
-        assert excinfo.value.field == "after_id"
+        for unknown in ("no-such-job", "a\x00b", "\udcff", ""):  # NUL and lone surrogates: no row can hold them
+            with pytest.raises(InvalidJob) as excinfo:
+                await store.list_jobs(JobFilter(), limit=3, after_id=unknown)
+            assert excinfo.value.field == "after_id", unknown
 
     async def test_unknown_id_raises_job_not_found(self, store: Store, harness: Harness) -> None:
         """``get``, ``cancel`` and ``retry`` of an id the store never held raise ``JobNotFound``."""

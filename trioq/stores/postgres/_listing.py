@@ -20,9 +20,17 @@ from ._rows import COLUMNS, job_from_row
 from ._sql import cursor as _cur
 from ._sql import run as _run
 
-__all__ = ["list_jobs"]
+__all__ = ["list_jobs", "unknown_after"]
 
 _EVERY_STATE = tuple(JobState)
+
+
+def unknown_after(after_id: object) -> InvalidJob:
+    """The error of an ``after_id`` that names no job this store holds."""
+    return InvalidJob(
+        f"after_id {after_id!r:.80} names no job this store holds (evicted since?): list from the first page again",
+        field="after_id",
+    )
 
 
 def list_jobs(conn: Any, s: str, where: JobFilter, limit: int, after_id: str | None) -> list[Job]:
@@ -35,11 +43,7 @@ def list_jobs(conn: Any, s: str, where: JobFilter, limit: int, after_id: str | N
         if after_id is not None:
             row = _run(cur, f"SELECT seq FROM {s}.jobs WHERE id = %s", (after_id,)).fetchone()
             if row is None:
-                raise InvalidJob(
-                    f"after_id {after_id!r:.80} names no job this store holds (evicted since?): list from the"
-                    " first page again",
-                    field="after_id",
-                )
+                raise unknown_after(after_id)
             before = int(row[0])
         if limit <= 0:
             return []

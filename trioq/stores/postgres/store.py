@@ -950,6 +950,9 @@ class PostgresStore:
         self._open()
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        if after_id is not None and not _usable_id(after_id):  # no row holds it (psycopg would refuse it)
+            await trio.lowlevel.checkpoint()
+            raise _listing.unknown_after(after_id)
         return await self._call(_listing.list_jobs, where, limit, after_id)
 
     async def add_tick(self, name: str, tick: float, job: NewJob | None) -> Job | None:
