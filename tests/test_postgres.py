@@ -103,6 +103,26 @@ async def test_enqueue_tx_commits_with_the_callers_transaction_and_never_on_roll
             await trio.to_thread.run_sync(lambda: queue.enqueue_tx(None, "nope"))
 
 
+async def test_enqueue_tx_refuses_a_key_held_by_another_task_with_parents_too(pg_dsn: str) -> None:
+    """A key held by a job of another task is ``InvalidJob`` (field ``key``) from ``enqueue_tx`` as from
+    ``enqueue``, whether or not the job has parents (``after`` goes through the flows' insert)."""
+    registry = _registry()
+    async with _node(pg_dsn, registry, workers=0) as queue:
+        parent = await queue.enqueue("echo")
+        held = await queue.enqueue("forever", key="k")
+
+        def enqueue(**options: object) -> trioq.Job:
+            with psycopg.connect(pg_dsn) as conn:
+                return queue.enqueue_tx(conn, "echo", key="k", **options)
+
+        for options in ({}, {"after": [parent.id]}):
+            with pytest.raises(trioq.InvalidJob) as excinfo:
+                await trio.to_thread.run_sync(lambda: enqueue(**options))  # noqa: B023
+            assert excinfo.value.field == "key" and "'forever'" in str(excinfo.value), options
+        assert [job.id for job in await queue.list(task="echo")] == [parent.id]
+        assert (await queue.get(held.id)).task == "forever"
+
+
 async def test_enqueue_tx_is_refused_clearly_by_other_stores() -> None:
     async with trioq.open_queue(_registry()) as queue:
         with pytest.raises(TypeError, match="PostgresStore"):

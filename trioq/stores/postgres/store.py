@@ -583,11 +583,15 @@ class PostgresStore:
         """
         config = self._open()
         rows = self._rows(jobs)
+        if len(rows) > 1 and any(job.key is not None for _, job, _ in rows):
+            _key_clash(conn, self.schema, rows)  # as add: before anything goes in the caller's transaction
         if any(job.after for _, job, _ in rows):  # parents: locked in the caller's transaction (see _flows)
-            out, _ = _flows.add(conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"))
+            out, inserted = _flows.add(conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"))
             if any(job.deadline is not None for _, job, _ in rows):
                 self._deadlines_used = True
-            return out
+            # A key's holder of another task is refused here as in add (a single job's insert found it,
+            # having inserted nothing).
+            return _found(rows, out, [i for i, new in enumerate(inserted) if not new])
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         # Node "": every node hears it, this one included (it commits later, out of our sight).
         notify = (self.channel, f"r||{ready}") if ready else None
