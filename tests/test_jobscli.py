@@ -98,6 +98,33 @@ def test_clean_one_line_errors(tmp_path: Path) -> None:
     trio.run(locked)
 
 
+def test_text_from_jobs_is_printed_as_text(tmp_path: Path) -> None:
+    """An error, queue or tenant holding rich markup (``[/x]``, ``[bold]``) is shown as written, not read as
+    markup (a closing tag that matches nothing was a MarkupError traceback); terminal control sequences in
+    it (ESC) are shown escaped, never sent to the terminal."""
+    directory = tmp_path / "wal"
+    text = "bad path [/tmp/x] [bold]boom\x1b[31mRED\x07"
+    registry = trioq.Registry()
+
+    @registry.task(max_attempts=1)
+    async def odd(ctx: trioq.JobContext) -> None:
+        raise RuntimeError(text)
+
+    async def fill() -> None:
+        async with trioq.open_queue(registry, store=trioq.WALStore(directory), workers=1) as queue:
+            await queue.enqueue("odd", queue="q[/x]", tenant="[/]")
+            await queue.join()
+
+    trio.run(fill)
+    table = run("jobs", "list", "--wal", str(directory))
+    (job,) = json.loads(run("jobs", "list", "--wal", str(directory), "--json"))
+    shown = run("jobs", "show", job["id"], "--wal", str(directory))
+    for out in (table, shown):
+        assert "RuntimeError: bad path [/tmp/x] [bold]boom\\x1b[31mRED\\x07" in out, out
+        assert "\x1b" not in out and "\x07" not in out
+    assert "q[/x]" in table and "tenant: [/]" in shown
+
+
 async def test_list_and_act_through_a_running_server() -> None:
     async with live_server() as (queue, url):
         dead = await queue.enqueue("fail")

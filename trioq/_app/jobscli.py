@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -139,11 +140,11 @@ async def _show(jobs: _Jobs, args: argparse.Namespace, out: TextIO) -> int:
     ]  # fmt: skip
     for name, value in fields:
         if value is not None:
-            print(f"{name:>9}: {value}", file=out)
+            print(f"{name:>9}: {_plain(str(value))}", file=out)
     for failed in job.errors:
-        print(f"\nattempt {failed.attempt} failed {_when(failed.finished_at)}: {failed.error}", file=out)
+        print(f"\nattempt {failed.attempt} failed {_when(failed.finished_at)}: {_plain(failed.error)}", file=out)
         if failed.traceback:
-            print(failed.traceback.rstrip(), file=out)
+            print(_plain(failed.traceback.rstrip()), file=out)
     return 0
 
 
@@ -270,10 +271,23 @@ def _when(at: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(at).astimezone().isoformat(timespec="seconds")
 
 
+#: Control characters but newline and tab (C0, DEL, C1): an error text may hold any, and printed as they
+#: are they drive the terminal (ESC starts a sequence that recolours, moves, retitles...).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _plain(text: str) -> str:
+    """``text`` with its control characters (but newline and tab) shown as ``\\xNN`` escapes."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
 def _table(jobs: list[Job], out: TextIO) -> None:
-    """``jobs`` as a table: rich's on a terminal (colours, widths), the same columns as plain text else."""
+    """``jobs`` as a table: rich's on a terminal (colours, widths), the same columns as plain text else.
+    The jobs' own text goes in as :class:`rich.text.Text`, never read as rich markup (an error such as
+    ``bad path [/tmp]`` is no closing tag), its control characters escaped (:func:`_plain`)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("ID", "TASK", "STATE", "QUEUE", "ATTEMPTS", "CREATED", "ERROR"):
@@ -282,13 +296,13 @@ def _table(jobs: list[Job], out: TextIO) -> None:
     for job in jobs:
         state = job.state.value
         table.add_row(
-            job.id,
-            job.task,
-            f"[{colours[state]}]{state}[/]" if state in colours else state,
-            job.queue,
+            Text(_plain(job.id)),
+            Text(_plain(job.task)),
+            Text(state, style=colours.get(state, "")),
+            Text(_plain(job.queue)),
             f"{job.attempts}/{job.max_attempts}",
             _when(job.created_at) or "",
-            (job.error or "")[:120],
+            Text(_plain((job.error or "")[:120])),
         )
     Console(file=out, width=None if out.isatty() else 200).print(table)
     if not jobs:
