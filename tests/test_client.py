@@ -8,6 +8,7 @@ import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import pytest
 import trio
 from hypercorn.config import Config
@@ -136,3 +137,86 @@ async def test_sync_client_from_a_thread_and_the_errors_of_a_first_hour() -> Non
         client.stats()  # the server is gone
     with pytest.raises(ValueError, match="http"):
         Client("127.0.0.1:8000")
+
+
+def _answering(status: int, body: bytes, seen: list[httpx.Request] | None = None) -> httpx.MockTransport:
+    """A transport whose server answers every request ``status`` with ``body`` (JSON's content type)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request)
+        return httpx.Response(status, content=body, headers={"Content-Type": "application/json"})
+
+    return httpx.MockTransport(handle)
+
+
+def test_a_server_answering_garbage_is_a_trioq_error() -> None:
+    """Whatever a server (or a proxy in front of it) answers, a call returns what it says or raises a
+    TrioqError naming the server: never a KeyError, a ValueError or a JSONDecodeError of the client's."""
+    calls: list[tuple[str, tuple[object, ...]]] = [
+        ("get", ("j-1",)),
+        ("cancel", ("j-1",)),
+        ("retry", ("j-1",)),
+        ("enqueue", ("add",)),
+        ("enqueue_many", ([JobSpec("add")],)),
+        ("list", ()),
+        ("retry_many", ()),
+        ("cancel_many", ()),
+        ("stats", ()),
+        ("wait", ("j-1", 1.0)),
+    ]
+    for status, body in [
+        (200, b"<html>a proxy's page</html>"),
+        (200, b"[1, 2]"),
+        (200, b'{"ok": true}'),
+        (200, b'{"jobs": "none", "count": "many", "id": 5, "state": "odd"}'),
+        (200, b'{"jobs": [{"id": "x"}], "count": null}'),
+        (202, b"null"),
+        (503, b'{"error": "full", "type": "QueueFull", "retry_after": "soon"}'),
+        (400, b'{"error": "bad", "type": "InvalidJob", "field": 5}'),
+    ]:
+        with Client("http://trioq.test", transport=_answering(status, body)) as client:
+            for name, args in calls:
+                try:
+                    getattr(client, name)(*args)
+                except trioq.TrioqError as exc:
+                    assert type(exc) in (trioq.TrioqError, trioq.QueueFull, trioq.InvalidJob), (name, body, exc)
+                    if isinstance(exc, trioq.QueueFull):
+                        assert exc.retry_after == 1.0
+                    if isinstance(exc, trioq.InvalidJob):
+                        assert exc.field is None
+                else:
+                    assert name == "stats" and body.startswith(b"{"), (name, body)
+
+
+async def test_async_client_a_server_answering_garbage_is_a_trioq_error() -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=b"<html></html>"))
+    async with AsyncClient("http://trioq.test", transport=transport) as client:
+        for call in (client.get("j-1"), client.list(), client.retry_many(), client.stats()):
+            with pytest.raises(trioq.TrioqError, match=r"trioq\.test"):
+                await call
+
+
+def test_an_id_is_one_path_segment_whatever_it_holds() -> None:
+    """A job id of dots is sent escaped: ``retry(".")`` is no ``POST /jobs/./retry``, which an HTTP
+    client's dot-segment removal makes ``POST /jobs/retry`` (retry_many: every dead job). An id no path
+    segment or request can carry (a ``/``, a lone surrogate) names no job (JobNotFound, as Queue.get
+    answers); a filter holding a lone surrogate is InvalidJob naming it."""
+    seen: list[httpx.Request] = []
+    transport = _answering(404, b'{"error": "no such job", "type": "JobNotFound"}', seen)
+    with Client("http://trioq.test", transport=transport) as client:
+        for job_id in (".", "..", "a.b"):
+            for call in (client.get, client.cancel, client.retry):
+                with pytest.raises(trioq.JobNotFound):
+                    call(job_id)
+        assert [request.url.raw_path for request in seen[:3]] == [b"/jobs/%2E", b"/jobs/%2E", b"/jobs/%2E/retry"]
+        assert all(request.url.raw_path.startswith((b"/jobs/%2E", b"/jobs/a%2Eb")) for request in seen)
+        seen.clear()
+        for job_id in ("a/b", "\udcff"):
+            for call in (client.get, client.cancel, client.retry):
+                with pytest.raises(trioq.JobNotFound):
+                    call(job_id)
+        assert seen == []
+        with pytest.raises(trioq.InvalidJob) as excinfo:
+            client.list(after_id="\udcff")
+        assert excinfo.value.field == "after_id"

@@ -72,19 +72,32 @@ class _Calls:
 
     @staticmethod
     def job_path(job_id: str) -> str:
+        """``/jobs/<id>``, the id one segment whatever it holds: its dots escaped too (``/jobs/./retry`` is
+        ``/jobs/retry`` once an HTTP client removes dot segments: a retry of every dead job). An id no
+        segment can carry (a ``/``: the server's routes take none; a lone surrogate) names no job."""
         if not isinstance(job_id, str) or not job_id:
             raise InvalidJob(f"job_id must be a non-empty string, got {job_id!r:.60}", field="job_id")
-        return f"/jobs/{quote(job_id, safe='')}"
+        if "/" in job_id or not _sendable(job_id):
+            raise JobNotFound(f"no job with id {job_id!r:.80} (no job id holds a '/' or a lone surrogate)")
+        return f"/jobs/{quote(job_id, safe='').replace('.', '%2E')}"
 
     @staticmethod
     def listing(state: Any, task: Any, queue: Any, tenant: Any, limit: int, after_id: str | None) -> dict[str, Any]:
         params = {"state": state, "task": task, "queue": queue, "tenant": tenant, "limit": limit, "after": after_id}
-        return {name: getattr(value, "value", value) for name, value in params.items() if value is not None}
+        out = {name: getattr(value, "value", value) for name, value in params.items() if value is not None}
+        for name, value in out.items():
+            if isinstance(value, str) and not _sendable(value):
+                field = "after_id" if name == "after" else name
+                raise InvalidJob(f"{field} {value!r:.60} holds a lone surrogate: no request can carry it", field=field)
+        return out
 
     def answer(self, response: httpx.Response) -> Any:
         """The JSON of a 2xx answer; else the trioq error it names (or a :class:`~trioq.TrioqError`)."""
         if response.is_success:
-            return response.json()
+            try:
+                return response.json()
+            except ValueError:  # a proxy's page, a truncated body...
+                raise self.garbage(response, "a body that is not JSON") from None
         try:
             body = response.json()
         except ValueError:
@@ -94,9 +107,13 @@ class _Calls:
         message = str(body.get("error") or response.reason_phrase or "no reason given")
         kind = _ERRORS.get(str(body.get("type")))
         if kind is InvalidJob:
-            raise InvalidJob(message, field=body.get("field"))
+            field = body.get("field")
+            raise InvalidJob(message, field=field if isinstance(field, str) else None)
         if kind is QueueFull:
-            raise QueueFull(message, retry_after=float(body.get("retry_after", 1.0)))
+            retry_after = body.get("retry_after")
+            if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) or not retry_after >= 0:
+                retry_after = 1.0
+            raise QueueFull(message, retry_after=float(retry_after))
         if kind is not None:
             raise kind(message)
         if response.status_code == 401:
@@ -105,6 +122,55 @@ class _Calls:
 
     def unreachable(self, exc: httpx.TransportError) -> TrioqError:
         return TrioqError(f"cannot reach {self.url}: {exc or type(exc).__name__}")
+
+    def garbage(self, response: httpx.Response, what: str) -> TrioqError:
+        """The error of a 2xx answer that is not what the route answers (a proxy's, another service's)."""
+        return TrioqError(
+            f"{self.url} answered {response.request.method} {response.request.url.path} with {what}:"
+            " is it a trioq server (and the url its root)?"
+        )
+
+    def job(self, response: httpx.Response) -> Job:
+        """The :class:`~trioq.Job` a 2xx answer holds, or :meth:`garbage`."""
+        return self._jobs(response, [self.answer(response)], "a job")[0]
+
+    def jobs(self, response: httpx.Response) -> builtins.list[Job]:
+        """The jobs of a ``{"jobs": [...]}`` answer, or :meth:`garbage`."""
+        body = self.answer(response)
+        found = body.get("jobs") if isinstance(body, dict) else None
+        if not isinstance(found, builtins.list):
+            raise self.garbage(response, 'no "jobs" list')
+        return self._jobs(response, found, "jobs")
+
+    def _jobs(self, response: httpx.Response, found: builtins.list[Any], what: str) -> builtins.list[Job]:
+        try:
+            return [Job.from_dict(job) for job in found]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise self.garbage(response, f"something that is not {what}") from None
+
+    def count(self, response: httpx.Response) -> int:
+        """The ``count`` of a bulk action's answer, or :meth:`garbage`."""
+        body = self.answer(response)
+        count = body.get("count") if isinstance(body, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise self.garbage(response, 'no "count"')
+        return count
+
+    def mapping(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON object of a 2xx answer (``/stats``), or :meth:`garbage`."""
+        body = self.answer(response)
+        if not isinstance(body, dict):
+            raise self.garbage(response, "something that is not a JSON object")
+        return body
+
+
+def _sendable(text: str) -> bool:
+    """Whether ``text`` can go in a request (UTF-8: no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _deadline(timeout: float | None) -> float:
@@ -146,25 +212,23 @@ class Client:
         """Close the client's connections."""
         self._http.close()
 
-    def _send(self, method: str, path: str, *, params: Any = None, json: Any = None) -> Any:
+    def _send(self, method: str, path: str, *, params: Any = None, json: Any = None) -> httpx.Response:
         try:
-            response = self._http.request(method, path, params=params, json=json)
+            return self._http.request(method, path, params=params, json=json)
         except httpx.TransportError as exc:
             raise self._calls.unreachable(exc) from exc
-        return self._calls.answer(response)
 
     def enqueue(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> Job:
         """:meth:`Queue.enqueue <trioq.Queue.enqueue>` over HTTP: the same options, the job as enqueued."""
-        return Job.from_dict(self._send("POST", "/jobs", json=_spec_body(JobSpec(task, payload or {}, **options))))
+        return self._calls.job(self._send("POST", "/jobs", json=_spec_body(JobSpec(task, payload or {}, **options))))
 
     def enqueue_many(self, specs: Sequence[JobSpec]) -> builtins.list[Job]:
         """:meth:`Queue.enqueue_many <trioq.Queue.enqueue_many>` over HTTP: all or nothing."""
-        body = self._send("POST", "/jobs/batch", json={"jobs": [_spec_body(spec) for spec in specs]})
-        return [Job.from_dict(job) for job in body["jobs"]]
+        return self._calls.jobs(self._send("POST", "/jobs/batch", json={"jobs": [_spec_body(spec) for spec in specs]}))
 
     def get(self, job_id: str) -> Job:
         """The job's snapshot; :class:`~trioq.JobNotFound` if the service holds no such job."""
-        return Job.from_dict(self._send("GET", self._calls.job_path(job_id)))
+        return self._calls.job(self._send("GET", self._calls.job_path(job_id)))
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """The job once it is terminal; :class:`~trioq.WaitTimeout` after ``timeout`` seconds."""
@@ -180,11 +244,11 @@ class Client:
 
     def cancel(self, job_id: str) -> Job:
         """Cancel the job unless it finished; the job as it is now."""
-        return Job.from_dict(self._send("DELETE", self._calls.job_path(job_id)))
+        return self._calls.job(self._send("DELETE", self._calls.job_path(job_id)))
 
     def retry(self, job_id: str) -> Job:
         """Run a dead or cancelled job again; :class:`~trioq.InvalidJob` (``field="state"``) otherwise."""
-        return Job.from_dict(self._send("POST", self._calls.job_path(job_id) + "/retry"))
+        return self._calls.job(self._send("POST", self._calls.job_path(job_id) + "/retry"))
 
     def list(
         self,
@@ -197,7 +261,7 @@ class Client:
     ) -> builtins.list[Job]:
         """:meth:`Queue.list <trioq.Queue.list>` over HTTP: a page, newest first."""
         params = self._calls.listing(state, task, queue, tenant, limit, after_id)
-        return [Job.from_dict(job) for job in self._send("GET", "/jobs", params=params)["jobs"]]
+        return self._calls.jobs(self._send("GET", "/jobs", params=params))
 
     def retry_many(
         self,
@@ -208,8 +272,7 @@ class Client:
         limit: int = 1000,
     ) -> int:
         """:meth:`Queue.retry_many <trioq.Queue.retry_many>` over HTTP: how many it retried."""
-        count: int = self._send("POST", "/jobs/retry", json=_bulk(state, task, queue, tenant, limit))["count"]
-        return count
+        return self._calls.count(self._send("POST", "/jobs/retry", json=_bulk(state, task, queue, tenant, limit)))
 
     def cancel_many(
         self,
@@ -220,13 +283,11 @@ class Client:
         limit: int = 1000,
     ) -> int:
         """:meth:`Queue.cancel_many <trioq.Queue.cancel_many>` over HTTP: how many it cancelled."""
-        count: int = self._send("POST", "/jobs/cancel", json=_bulk(state, task, queue, tenant, limit))["count"]
-        return count
+        return self._calls.count(self._send("POST", "/jobs/cancel", json=_bulk(state, task, queue, tenant, limit)))
 
     def stats(self) -> dict[str, Any]:
         """The service's :meth:`Queue.stats <trioq.Queue.stats>`."""
-        stats: dict[str, Any] = self._send("GET", "/stats")
-        return stats
+        return self._calls.mapping(self._send("GET", "/stats"))
 
 
 class AsyncClient:
@@ -256,26 +317,26 @@ class AsyncClient:
         """Close the client's connections."""
         await self._http.aclose()
 
-    async def _send(self, method: str, path: str, *, params: Any = None, json: Any = None) -> Any:
+    async def _send(self, method: str, path: str, *, params: Any = None, json: Any = None) -> httpx.Response:
         try:
-            response = await self._http.request(method, path, params=params, json=json)
+            return await self._http.request(method, path, params=params, json=json)
         except httpx.TransportError as exc:
             raise self._calls.unreachable(exc) from exc
-        return self._calls.answer(response)
 
     async def enqueue(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> Job:
         """See :meth:`Client.enqueue`."""
-        body = await self._send("POST", "/jobs", json=_spec_body(JobSpec(task, payload or {}, **options)))
-        return Job.from_dict(body)
+        return self._calls.job(
+            await self._send("POST", "/jobs", json=_spec_body(JobSpec(task, payload or {}, **options)))
+        )
 
     async def enqueue_many(self, specs: Sequence[JobSpec]) -> builtins.list[Job]:
         """See :meth:`Client.enqueue_many`."""
-        body = await self._send("POST", "/jobs/batch", json={"jobs": [_spec_body(spec) for spec in specs]})
-        return [Job.from_dict(job) for job in body["jobs"]]
+        body = {"jobs": [_spec_body(spec) for spec in specs]}
+        return self._calls.jobs(await self._send("POST", "/jobs/batch", json=body))
 
     async def get(self, job_id: str) -> Job:
         """See :meth:`Client.get`."""
-        return Job.from_dict(await self._send("GET", self._calls.job_path(job_id)))
+        return self._calls.job(await self._send("GET", self._calls.job_path(job_id)))
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """See :meth:`Client.wait`."""
@@ -291,11 +352,11 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> Job:
         """See :meth:`Client.cancel`."""
-        return Job.from_dict(await self._send("DELETE", self._calls.job_path(job_id)))
+        return self._calls.job(await self._send("DELETE", self._calls.job_path(job_id)))
 
     async def retry(self, job_id: str) -> Job:
         """See :meth:`Client.retry`."""
-        return Job.from_dict(await self._send("POST", self._calls.job_path(job_id) + "/retry"))
+        return self._calls.job(await self._send("POST", self._calls.job_path(job_id) + "/retry"))
 
     async def list(
         self,
@@ -308,7 +369,7 @@ class AsyncClient:
     ) -> builtins.list[Job]:
         """See :meth:`Client.list`."""
         params = self._calls.listing(state, task, queue, tenant, limit, after_id)
-        return [Job.from_dict(job) for job in (await self._send("GET", "/jobs", params=params))["jobs"]]
+        return self._calls.jobs(await self._send("GET", "/jobs", params=params))
 
     async def retry_many(
         self,
@@ -319,9 +380,7 @@ class AsyncClient:
         limit: int = 1000,
     ) -> int:
         """See :meth:`Client.retry_many`."""
-        body = await self._send("POST", "/jobs/retry", json=_bulk(state, task, queue, tenant, limit))
-        count: int = body["count"]
-        return count
+        return self._calls.count(await self._send("POST", "/jobs/retry", json=_bulk(state, task, queue, tenant, limit)))
 
     async def cancel_many(
         self,
@@ -332,11 +391,9 @@ class AsyncClient:
         limit: int = 1000,
     ) -> int:
         """See :meth:`Client.cancel_many`."""
-        body = await self._send("POST", "/jobs/cancel", json=_bulk(state, task, queue, tenant, limit))
-        count: int = body["count"]
-        return count
+        body = _bulk(state, task, queue, tenant, limit)
+        return self._calls.count(await self._send("POST", "/jobs/cancel", json=body))
 
     async def stats(self) -> dict[str, Any]:
         """See :meth:`Client.stats`."""
-        stats: dict[str, Any] = await self._send("GET", "/stats")
-        return stats
+        return self._calls.mapping(await self._send("GET", "/stats"))
