@@ -454,3 +454,20 @@ async def test_the_blueprint_answers_json_500_in_a_host_app(
         response = await test_app.test_client().get("/queue/jobs/x", headers=AUTH)
     assert response.status_code == 500 and response.content_type == "application/json"
     _assert_json_500(await response.get_json(), caplog)
+
+
+async def test_an_empty_job_id_in_a_path_is_no_redirect_to_a_bulk_action(client: Any, queue: trioq.Queue) -> None:
+    """``POST /jobs//retry`` (a script's ``f"/jobs/{job_id}/retry"`` with an empty id) is a 404, not a
+    308 to ``/jobs/retry``: a client following it (requests does, method and body kept) would retry every
+    dead job. Likewise for cancel, and for the other job routes."""
+    dead = await queue.enqueue("boom")
+    await queue.wait(dead.id)
+    for method, path in [
+        ("POST", "/jobs//retry"),
+        ("DELETE", "/jobs//"),
+        ("GET", "/jobs//"),
+    ]:
+        response = await client.open(path, method=method, headers=AUTH)
+        assert response.status_code == 404 and "Location" not in response.headers, (method, path)
+        assert "error" in await response.get_json(), (method, path)
+    assert (await queue.get(dead.id)).state is trioq.JobState.DEAD

@@ -436,6 +436,11 @@ class _JobId(BaseConverter):
 
 
 _JOB_ID_CONVERTER = "trioq_job_id"
+#: Werkzeug answers a path with an empty segment (``/jobs//retry``) with a 308 to the path with it
+#: merged away (``/jobs/retry``); for ``f"/jobs/{job_id}/retry"`` with an empty id that is a bulk
+#: action, and clients that follow a 308 (requests, curl -L) repeat the POST there. No rule of
+#: these routes takes such a path: a 404.
+_EXACT: dict[str, Any] = {"merge_slashes": False}
 
 
 class _HTTPConnection(TrioASGIHTTPConnection):
@@ -610,34 +615,34 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             return _HTTPError(401, "missing or wrong bearer token", headers=headers).response()
         return None
 
-    @bp.get("/healthz")
+    @bp.get("/healthz", **_EXACT)
     @answering
     async def healthz() -> Response:
         return _json({"status": "ok"})
 
-    @bp.get("/readyz")
+    @bp.get("/readyz", **_EXACT)
     @answering
     async def readyz() -> Response:
         ready, reason = queue.readiness()
         return _json({"ready": ready, "reason": reason}, 200 if ready else 503)
 
-    @bp.get("/openapi.json")
+    @bp.get("/openapi.json", **_EXACT)
     @answering
     async def openapi() -> Response:
         return _json(openapi_spec())
 
-    @bp.get("/stats")
+    @bp.get("/stats", **_EXACT)
     @answering
     async def stats() -> Response:
         return _json(await queue.stats())
 
-    @bp.get("/metrics")
+    @bp.get("/metrics", **_EXACT)
     @answering
     async def metrics_route() -> Response:
         metrics.stats = await queue.stats()
         return Response(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @bp.post("/jobs")
+    @bp.post("/jobs", **_EXACT)
     @answering
     async def submit() -> Response:
         try:
@@ -646,7 +651,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
             raise _HTTPError(409, str(exc), field=exc.field, kind="InvalidJob") from None
         return _json(_accepted(added, 0), 200 if added.existing else 202)
 
-    @bp.post("/jobs/batch")
+    @bp.post("/jobs/batch", **_EXACT)
     @answering
     async def submit_batch() -> Response:
         body = await _body(max_body)
@@ -671,7 +676,7 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         new = len(jobs) - len(jobs.existing)
         return _json({"jobs": [_accepted(jobs, i) for i in range(len(jobs))]}, 202 if new else 200)
 
-    @bp.get("/jobs")
+    @bp.get("/jobs", **_EXACT)
     @answering
     async def list_jobs() -> Response:
         args = request.args
@@ -688,17 +693,17 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         following = jobs[-1].id if len(jobs) == limit else None
         return _json({"jobs": [job.to_dict() for job in jobs], "next": following})
 
-    @bp.post("/jobs/retry")
+    @bp.post("/jobs/retry", **_EXACT)
     @answering
     async def retry_jobs() -> Response:
         return _json({"count": await queue.retry_many(**_bulk(await _body(max_body, empty={})))})
 
-    @bp.post("/jobs/cancel")
+    @bp.post("/jobs/cancel", **_EXACT)
     @answering
     async def cancel_jobs() -> Response:
         return _json({"count": await queue.cancel_many(**_bulk(await _body(max_body, empty={})))})
 
-    @bp.get(job_path)
+    @bp.get(job_path, **_EXACT)
     @answering
     async def get_job(job_id: str) -> Response:
         job = await queue.get(job_id)
@@ -706,12 +711,12 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         body["explain"] = (await queue.explain(job))["reasons"]
         return _json(body)
 
-    @bp.delete(job_path)
+    @bp.delete(job_path, **_EXACT)
     @answering
     async def cancel_job(job_id: str) -> Response:
         return _json((await queue.cancel(job_id)).to_dict())
 
-    @bp.post(f"{job_path}/retry")
+    @bp.post(f"{job_path}/retry", **_EXACT)
     @answering
     async def retry_job(job_id: str) -> Response:
         try:
@@ -719,13 +724,13 @@ def blueprint(queue: Queue, *, token: str | None = None, max_body: int = DEFAULT
         except InvalidJob as exc:
             raise _HTTPError(409, str(exc), field=exc.field, kind="InvalidJob") from None
 
-    @bp.post("/queues/<name>/pause")
+    @bp.post("/queues/<name>/pause", **_EXACT)
     @answering
     async def pause_queue(name: str) -> Response:
         changed = await queue.pause(name)
         return _json({"queue": name, "paused": True, "changed": changed})
 
-    @bp.post("/queues/<name>/resume")
+    @bp.post("/queues/<name>/resume", **_EXACT)
     @answering
     async def resume_queue(name: str) -> Response:
         changed = await queue.resume(name)
