@@ -69,7 +69,9 @@ def test_list_show_retry_and_cancel_on_a_wal_directory(tmp_path: Path) -> None:
     assert again["state"] == "ready" and again["attempts"] == 0
     cancelled = json.loads(run("jobs", "cancel", ids[1], "--wal", str(directory), "--json"))
     assert [job["state"] for job in cancelled] == ["cancelled"]
-    assert json.loads(run("jobs", "cancel", "--wal", str(directory), "--json")) == {"count": 2}
+    with pytest.raises(SystemExit, match="--all"):  # "trioq jobs cancel $IDS" with $IDS empty
+        main(["jobs", "cancel", "--wal", str(directory)])
+    assert json.loads(run("jobs", "cancel", "--wal", str(directory), "--json", "--all")) == {"count": 2}
 
 
 def test_clean_one_line_errors(tmp_path: Path) -> None:
@@ -81,6 +83,8 @@ def test_clean_one_line_errors(tmp_path: Path) -> None:
         (["jobs", "list", "--url", "127.0.0.1:1"], "http:// or https://"),
         (["jobs", "list", "--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
         (["jobs", "retry", ids[0], "--state", "dead", "--wal", str(directory)], "ids or filters"),
+        (["jobs", "retry", "--wal", str(directory)], "or --all for every job"),
+        (["jobs", "cancel", ids[0], "--all", "--wal", str(directory)], "ids or --all"),
         (["jobs", "list", "--limit", "0", "--wal", str(directory)], "limit must be"),
     ]:
         with pytest.raises(SystemExit) as excinfo:
@@ -91,7 +95,7 @@ def test_clean_one_line_errors(tmp_path: Path) -> None:
     async def locked() -> None:
         async with trioq.open_queue(_registry(), store=trioq.WALStore(directory), workers=0):
             with pytest.raises(SystemExit, match=r"open by a running queue.*--url"):
-                await trio.to_thread.run_sync(main, ["jobs", "retry", "--wal", str(directory)])
+                await trio.to_thread.run_sync(main, ["jobs", "retry", "--all", "--wal", str(directory)])
             # Reading works meanwhile: list and show replay the log read-only.
             await trio.to_thread.run_sync(main, ["jobs", "list", "--wal", str(directory)])
 
@@ -146,7 +150,7 @@ def test_list_and_act_on_postgres(pg_dsn: str) -> None:
 
     dead = trio.run(fill)
     assert json.loads(run("jobs", "list", "--postgres", pg_dsn, "--state", "dead", "--json"))[0]["id"] == dead
-    assert "retried 1 job(s)" in run("jobs", "retry", "--postgres", pg_dsn)
+    assert "retried 1 job(s)" in run("jobs", "retry", "--postgres", pg_dsn, "--all")
     assert json.loads(run("jobs", "show", dead, "--postgres", pg_dsn, "--json"))["state"] == "ready"
     with pytest.raises(SystemExit, match="trioq jobs list: "):
         main(["jobs", "list", "--postgres", pg_dsn, "--schema", "nothing_here"])

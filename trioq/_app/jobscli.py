@@ -13,7 +13,8 @@ Where the jobs are (one of):
 
 ``list`` prints a table (``--json``: a JSON list of jobs, as the HTTP API gives them); ``show`` one
 job, its errors and tracebacks included; ``retry`` and ``cancel`` act on the ids given, or else on
-every job the filters take (``retry_many``/``cancel_many``: the newest ``--limit`` of them). A
+every job the filters take (``retry_many``/``cancel_many``: the newest ``--limit`` of them); with
+neither, they need ``--all`` (an empty list of ids is never "every job"). A
 failure is one line on stderr and exit status 1 (2 for bad arguments), never a traceback.
 """
 
@@ -74,7 +75,12 @@ def add_parser(commands: Any) -> None:
             command.add_argument("id", help="the job's id")
             continue
         if name in ("retry", "cancel"):
-            command.add_argument("ids", nargs="*", metavar="ID", help="the jobs to act on (default: the filters')")
+            command.add_argument("ids", nargs="*", metavar="ID", help="the jobs to act on (else: the filters')")
+            command.add_argument(
+                "--all",
+                action="store_true",
+                help="with no id and no filter: act on every job it can take (the newest --limit)",
+            )
         command.add_argument("--state", choices=STATES, help="only jobs in this state (default: any)")
         command.add_argument("--task", help="only jobs of this task")
         command.add_argument("--queue", help="only jobs of this named queue")
@@ -91,6 +97,8 @@ def jobs_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     failure raises ``SystemExit`` with a one-line message)."""
     out = sys.stdout if out is None else out
     try:
+        if args.jobs_command in ("retry", "cancel"):
+            _check_targets(args)
         if args.wal is not None and not os.path.isdir(args.wal):
             raise TrioqError(f"no WAL directory at {args.wal}")
         if args.postgres is not None:
@@ -99,6 +107,18 @@ def jobs_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return trio.run(_run, args, out, view)
     except TrioqError as exc:
         raise SystemExit(f"trioq jobs {args.jobs_command}: {exc}") from None
+
+
+def _check_targets(args: argparse.Namespace) -> None:
+    """That ``retry`` or ``cancel`` names its jobs one way: ids, filters, or ``--all``."""
+    filtered = any(value is not None for value in (args.state, args.task, args.queue, args.tenant))
+    if args.ids and filtered:
+        raise TrioqError("give job ids or filters (--state, --task, --queue, --tenant), not both")
+    if args.ids and args.all:
+        raise TrioqError("give job ids or --all, not both")
+    if not args.ids and not filtered and not args.all:
+        # An empty list of ids ("trioq jobs cancel $IDS" with nothing in $IDS) must not mean every job.
+        raise TrioqError("give job ids, a filter (--state, --task, --queue, --tenant), or --all for every job")
 
 
 async def _run(args: argparse.Namespace, out: TextIO, view: _WALView | None) -> int:
@@ -156,8 +176,6 @@ async def _act(jobs: _Jobs, args: argparse.Namespace, out: TextIO) -> int:
         done = "retried" if retrying else "cancelled"
         print(json.dumps({"count": count}) if args.json else f"{done} {count} job(s)", file=out)
         return 0
-    if any(value is not None for value in (args.state, args.task, args.queue, args.tenant)):
-        raise TrioqError("give job ids or filters (--state, --task, --queue, --tenant), not both")
     act: Callable[[str], Any] = jobs.retry if retrying else jobs.cancel
     changed = [await act(job_id) for job_id in args.ids]
     if args.json:
