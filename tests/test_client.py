@@ -220,3 +220,12 @@ def test_an_id_is_one_path_segment_whatever_it_holds() -> None:
         with pytest.raises(trioq.InvalidJob) as excinfo:
             client.list(after_id="\udcff")
         assert excinfo.value.field == "after_id"
+
+
+def test_a_bad_url_or_token_is_a_value_error_at_once() -> None:
+    for url in ("127.0.0.1:8000", "http://[::1", "http://a:b", "http://a\x00b/"):
+        with pytest.raises(ValueError, match="url"):
+            Client(url)
+    for token in ("", "a b", "\u00e9", "a\nb", "\udcff"):
+        with pytest.raises(ValueError, match="token"):
+            Client("http://127.0.0.1:8000", token=token)

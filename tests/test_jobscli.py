@@ -81,6 +81,8 @@ def test_clean_one_line_errors(tmp_path: Path) -> None:
         (["jobs", "list", "--wal", str(tmp_path / "nope")], "no WAL directory at"),
         (["jobs", "show", "no-such-job", "--wal", str(directory)], "no-such-job"),
         (["jobs", "list", "--url", "127.0.0.1:1"], "http:// or https://"),
+        (["jobs", "list", "--url", "http://[::1"], "is not a valid address"),
+        (["jobs", "list", "--url", "http://127.0.0.1:1", "--token", "\u00e9"], "printable ASCII"),
         (["jobs", "list", "--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
         (["jobs", "retry", ids[0], "--state", "dead", "--wal", str(directory)], "ids or filters"),
         (["jobs", "retry", "--wal", str(directory)], "or --all for every job"),

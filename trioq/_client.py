@@ -68,6 +68,10 @@ class _Calls:
     def __init__(self, url: str) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http:// or https:// address, got {url!r:.80}")
+        try:
+            httpx.URL(url)
+        except httpx.InvalidURL as exc:  # not a ValueError: "http://[::1", a port out of range...
+            raise ValueError(f"url {url!r:.80} is not a valid address: {exc}") from None
         self.url = url.rstrip("/")
 
     @staticmethod
@@ -182,7 +186,13 @@ def _deadline(timeout: float | None) -> float:
 
 
 def _headers(token: str | None) -> dict[str, str]:
-    return {} if token is None else {"Authorization": f"Bearer {token}"}
+    """The bearer header of ``token``; ``ValueError`` for a token no server takes (as ``trioq.http``:
+    printable ASCII without spaces), rather than an encoding error at the first call."""
+    if token is None:
+        return {}
+    if not isinstance(token, str) or not token or any(not "!" <= char <= "~" for char in token):
+        raise ValueError(f"token must be printable ASCII without spaces (as the server's is), got {token!r:.40}")
+    return {"Authorization": f"Bearer {token}"}
 
 
 class Client:
