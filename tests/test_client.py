@@ -73,6 +73,7 @@ async def exercise(client: AsyncClient) -> None:
     )
     assert flow[2].state is JobState.WAITING and flow[2].after == (flow[0].id, flow[1].id)
     assert (await client.wait(flow[2].id, timeout=10)).result == 6
+    assert flow.existing == frozenset()
     dead = await client.wait((await client.enqueue("fail")).id, timeout=10)
     assert dead.state is JobState.DEAD and dead.errors[0].error == "RuntimeError: no"
     assert (await client.retry(dead.id)).state is JobState.READY
@@ -99,6 +100,11 @@ async def exercise(client: AsyncClient) -> None:
         await client.get("no-such-job")
     with pytest.raises(trioq.WaitTimeout):
         await client.wait((await client.enqueue("sleepy")).id, timeout=0.1)
+    once = JobSpec("add", {"a": 1, "b": 1}, key="once")
+    again = await client.enqueue_many([once, JobSpec("add", {"a": 0, "b": 0})])
+    twice = await client.enqueue_many([once, JobSpec("add", {"a": 0, "b": 0})])
+    assert again.existing == frozenset() and twice.existing == {0}  # as Queue.enqueue_many's Added
+    assert twice[0].id == again[0].id and twice[1].id != again[1].id
 
 
 async def test_async_client_under_trio() -> None:

@@ -26,6 +26,7 @@ import httpx
 
 from ._model import InvalidJob, Job, JobNotFound, JobSpec, QueueFull, TrioqError, UnknownTask
 from ._runtime.queue import WaitTimeout
+from .stores._base import Added
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -146,6 +147,13 @@ class _Calls:
             raise self.garbage(response, 'no "jobs" list')
         return self._jobs(response, found, "jobs")
 
+    def added(self, response: httpx.Response) -> Added:
+        """The jobs of a batch's answer as :meth:`Queue.enqueue_many <trioq.Queue.enqueue_many>` gives them:
+        an :class:`~trioq.stores.Added` whose ``existing`` holds the indexes its keys found (``duplicate``)."""
+        jobs = self.jobs(response)
+        found = response.json()["jobs"]  # a list of job objects: jobs() checked it
+        return Added(jobs, [i for i, item in enumerate(found) if item.get("duplicate") is True])
+
     def _jobs(self, response: httpx.Response, found: builtins.list[Any], what: str) -> builtins.list[Job]:
         try:
             return [Job.from_dict(job) for job in found]
@@ -232,9 +240,10 @@ class Client:
         """:meth:`Queue.enqueue <trioq.Queue.enqueue>` over HTTP: the same options, the job as enqueued."""
         return self._calls.job(self._send("POST", "/jobs", json=_spec_body(JobSpec(task, payload or {}, **options))))
 
-    def enqueue_many(self, specs: Sequence[JobSpec]) -> builtins.list[Job]:
-        """:meth:`Queue.enqueue_many <trioq.Queue.enqueue_many>` over HTTP: all or nothing."""
-        return self._calls.jobs(self._send("POST", "/jobs/batch", json={"jobs": [_spec_body(spec) for spec in specs]}))
+    def enqueue_many(self, specs: Sequence[JobSpec]) -> Added:
+        """:meth:`Queue.enqueue_many <trioq.Queue.enqueue_many>` over HTTP: all or nothing; as there, the
+        list's ``existing`` holds the indexes of the specs whose key found a job."""
+        return self._calls.added(self._send("POST", "/jobs/batch", json={"jobs": [_spec_body(spec) for spec in specs]}))
 
     def get(self, job_id: str) -> Job:
         """The job's snapshot; :class:`~trioq.JobNotFound` if the service holds no such job."""
@@ -339,10 +348,10 @@ class AsyncClient:
             await self._send("POST", "/jobs", json=_spec_body(JobSpec(task, payload or {}, **options)))
         )
 
-    async def enqueue_many(self, specs: Sequence[JobSpec]) -> builtins.list[Job]:
+    async def enqueue_many(self, specs: Sequence[JobSpec]) -> Added:
         """See :meth:`Client.enqueue_many`."""
         body = {"jobs": [_spec_body(spec) for spec in specs]}
-        return self._calls.jobs(await self._send("POST", "/jobs/batch", json=body))
+        return self._calls.added(await self._send("POST", "/jobs/batch", json=body))
 
     async def get(self, job_id: str) -> Job:
         """See :meth:`Client.get`."""
