@@ -14,7 +14,7 @@ from quart.typing import TestClientProtocol as Client
 from quart_trio import QuartTrio
 
 import trioq
-from trioq._app.ui.history import History, chart
+from trioq._app.ui.history import History, chart, sample_forever
 from trioq.http import blueprint, create_app
 
 TOKEN = "t0ken"
@@ -174,3 +174,25 @@ async def test_the_overview_lists_the_nodes_of_a_postgres_store(pg_dsn: str) -> 
         await queue.join()  # a claim writes this node's lease row
         html = await (await client.get("/ui")).get_data(as_text=True)
         assert f"<code>{queue.node}</code> (this one)" in html
+
+
+async def test_sampling_outlives_an_error_of_stats(autojump_clock: Any) -> None:
+    """The chart's sampler runs in the serving app's nursery: an unexpected error of ``stats()`` (a pool
+    timeout, a bug) is logged and sampling goes on, rather than ending the app with it; a closed queue's
+    TrioqError ends sampling quietly."""
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def stats(self) -> dict[str, Any]:
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("the pool timed out")
+            if self.calls == 5:
+                raise trioq.TrioqError("the queue is closed")
+            return {"totals": {"succeeded": self.calls, "failed_attempts": 0}}
+
+    history = History()
+    await sample_forever(Flaky(), history, every=1.0)  # type: ignore[arg-type]
+    assert [totals["succeeded"] for _, totals in history.samples] == [1, 3, 4]

@@ -81,14 +81,18 @@ def _grown(before: dict[str, int], after: dict[str, int], name: str) -> int:
 
 async def sample_forever(queue: Queue, history: History, every: float = SAMPLE_EVERY) -> None:
     """Add a sample of ``queue.stats()["totals"]`` to ``history`` every ``every`` seconds, until
-    cancelled or until the queue refuses (it closed: the last samples stay)."""
+    cancelled or until the queue refuses (it closed: the last samples stay). Any other error of a
+    sample is logged and sampling goes on: this runs in the serving app's nursery, which an error
+    escaping from here would end (a page's error is that page's alone)."""
     while True:
         try:
             stats = await queue.stats()
+            history.add(time.time(), stats["totals"])
         except TrioqError as exc:
             _logger.info("dashboard: stopped sampling the queue's totals: %s", exc)
             return
-        history.add(time.time(), stats["totals"])
+        except Exception:
+            _logger.exception("dashboard: a sample of the queue's totals failed; sampling goes on")
         await trio.sleep(every)
 
 
