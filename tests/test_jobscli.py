@@ -104,6 +104,22 @@ def test_clean_one_line_errors(tmp_path: Path) -> None:
     trio.run(locked)
 
 
+def test_acting_on_ids_goes_on_past_one_that_fails(tmp_path: Path) -> None:
+    """``retry A B C`` with B not dead retries A and C, prints them, and fails naming B (exit 1): an
+    operator is told what changed, not only what did not."""
+    directory = tmp_path / "wal"
+    ids = _fill(directory)  # three dead, two succeeded
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit) as excinfo:
+        main(["jobs", "retry", ids[0], ids[3], "no-such-job", ids[1], "--wal", str(directory), "--json"])
+    message = str(excinfo.value.code)
+    assert message.startswith("trioq jobs retry: 2 of 4 job(s) not retried: ") and "\n" not in message
+    assert ids[3] in message and "no-such-job" in message and ids[0] not in message
+    assert [job["id"] for job in json.loads(out.getvalue())] == [ids[0], ids[1]]
+    shown = json.loads(run("jobs", "list", "--wal", str(directory), "--state", "ready", "--json"))
+    assert sorted(job["id"] for job in shown) == sorted([ids[0], ids[1]])
+
+
 def test_text_from_jobs_is_printed_as_text(tmp_path: Path) -> None:
     """An error, queue or tenant holding rich markup (``[/x]``, ``[bold]``) is shown as written, not read as
     markup (a closing tag that matches nothing was a MarkupError traceback); terminal control sequences in

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TextIO
 
 import trio
 
-from .._model import Job, TrioqError
+from .._model import InvalidJob, Job, JobNotFound, TrioqError
 
 __all__ = ["add_parser", "jobs_command"]
 
@@ -177,11 +177,22 @@ async def _act(jobs: _Jobs, args: argparse.Namespace, out: TextIO) -> int:
         print(json.dumps({"count": count}) if args.json else f"{done} {count} job(s)", file=out)
         return 0
     act: Callable[[str], Any] = jobs.retry if retrying else jobs.cancel
-    changed = [await act(job_id) for job_id in args.ids]
+    # Each id on its own: one that cannot be acted on (unknown, or not dead for a retry) does not hide
+    # what was done to the others, nor stop them.
+    changed: list[Job] = []
+    failed: list[str] = []
+    for job_id in args.ids:
+        try:
+            changed.append(await act(job_id))
+        except (InvalidJob, JobNotFound) as exc:
+            failed.append(f"{job_id}: {exc}")
     if args.json:
         print(json.dumps([job.to_dict() for job in changed], indent=2), file=out)
-    else:
+    elif changed:
         _table(changed, out)
+    if failed:
+        done = "retried" if retrying else "cancelled"
+        raise TrioqError(f"{len(failed)} of {len(args.ids)} job(s) not {done}: " + "; ".join(failed))
     return 0
 
 
