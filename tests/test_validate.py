@@ -124,3 +124,11 @@ def test_a_handler_whose_annotations_do_not_resolve_is_registered_unchecked() ->
 
     registry.task(later)
     assert registry["later"].types == {}
+
+    # An annotation whose evaluation raises anything at all (here ZeroDivisionError) is no reason to
+    # refuse the handler: a type checker never evaluates it, and registration happens at import.
+    async def odd(ctx: trioq.JobContext, n: 1 / 0) -> None:  # type: ignore[valid-type]
+        ...
+
+    registry.task(odd)
+    assert registry["odd"].types == {}

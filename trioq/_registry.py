@@ -123,7 +123,7 @@ def _plain_types(fn: Callable[..., Any], names: frozenset[str]) -> dict[str, tup
     annotations cannot be evaluated where the function was defined."""
     try:
         hints = typing.get_type_hints(fn)
-    except (NameError, AttributeError, TypeError, SyntaxError):
+    except Exception:  # whatever evaluating them raises (a type checker never evaluates them)
         return {}  # a forward reference or a name only a type checker sees: left to the handler
     found: dict[str, tuple[type, ...]] = {}
     for name in names:
