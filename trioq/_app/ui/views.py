@@ -1,7 +1,9 @@
 """What each dashboard page shows, gathered from the queue (no HTML here).
 
-Costs, per page view: the overview reads ``stats()`` and lists the
-unfinished jobs of each known queue once (up to :data:`COUNT_UP_TO` each);
+Costs, per page view: the overview reads ``stats()`` and counts the
+unfinished jobs of each queue: in one pass where the store can
+(``queue_counts``, the in-process stores), else by listing each known
+queue's once (up to :data:`COUNT_UP_TO` each, PostgreSQL);
 the job page reads the job, its parents, ``explain()``, and one page of the
 newest :data:`CHILD_SCAN` jobs to find its children.
 """
@@ -69,15 +71,26 @@ async def overview(queue: Queue) -> Overview:
     per_queue = stats.get("queues", {})
     names = sorted({queue.registry[task].queue for task in queue.registry} | set(per_queue) - {"*"})
     shared_pool = "*" in per_queue
+    # A store that counts every queue in one pass (the table stores: their listings scan the table)
+    # answers exactly; others are asked one bounded listing per queue.
+    counted = getattr(queue.store, "queue_counts", None)
+    every = await counted() if counted is not None else None
+    if every is not None:
+        names = sorted(set(names) | set(every))
     rows = []
     for name in names[:MAX_QUEUES]:
-        jobs = await queue.store.list_jobs(JobFilter(states=ACTIVE, queue=name), limit=COUNT_UP_TO)
         counts = {state.value: 0 for state in ACTIVE}
-        for job in jobs:
-            counts[job.state.value] += 1
+        if every is not None:
+            counts.update(every.get(name, {}))
+            capped = False
+        else:
+            jobs = await queue.store.list_jobs(JobFilter(states=ACTIVE, queue=name), limit=COUNT_UP_TO)
+            for job in jobs:
+                counts[job.state.value] += 1
+            capped = len(jobs) == COUNT_UP_TO
         info = per_queue.get(name, {})
         workers = info.get("workers", 0) or (None if shared_pool else 0)
-        rows.append(QueueRow(name, counts, len(jobs) == COUNT_UP_TO, bool(info.get("paused")), workers))
+        rows.append(QueueRow(name, counts, capped, bool(info.get("paused")), workers))
     nodes_of = getattr(queue.store, "nodes", None)
     nodes = await nodes_of() if nodes_of is not None else None
     return Overview(stats, rows, max(len(names) - MAX_QUEUES, 0), queue.node, queue.readiness(), nodes)

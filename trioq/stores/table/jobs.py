@@ -1054,6 +1054,17 @@ class JobTable:
         matching = (entry for entry in self._jobs.values() if entry.state in wanted)
         return [entry.snapshot() for entry in heapq.nsmallest(limit, matching, key=lambda entry: entry.seq)]
 
+    def unfinished_by_queue(self) -> dict[str, dict[str, int]]:
+        """How many unfinished jobs each named queue holds, per state (``{queue: {state value: n}}``, only
+        the states it has): one pass over the table, for an overview."""
+        counts: dict[str, dict[str, int]] = {}
+        for entry in self._jobs.values():
+            state = entry.state
+            if not state.terminal:
+                per_state = counts.setdefault(entry.queue, {})
+                per_state[state.value] = per_state.get(state.value, 0) + 1
+        return counts
+
     def list_jobs(
         self,
         states: Collection[JobState],

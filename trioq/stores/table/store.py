@@ -590,6 +590,13 @@ class TableStore(CronTicks):
         table, _ = self._open()
         return table.jobs(states, limit)
 
+    async def queue_counts(self) -> dict[str, dict[str, int]]:
+        """Each named queue's unfinished jobs per state (``{queue: {state value: n}}``): one pass over the
+        table, where counting each queue through :meth:`list_jobs` would scan it once per queue."""
+        table, _ = self._open()
+        await trio.lowlevel.checkpoint()
+        return table.unfinished_by_queue()
+
     async def list_jobs(self, where: JobFilter, *, limit: int, after_id: str | None = None) -> list[Job]:
         """See :meth:`Store.list_jobs <trioq.stores.Store.list_jobs>`: a scan of the table (no index)."""
         table, _ = self._open()
