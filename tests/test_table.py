@@ -1427,3 +1427,24 @@ def test_a_job_let_go_for_a_slot_gives_it_up_when_its_queue_is_paused() -> None:
     assert table.resume("a")
     got = table.claim_next(1.0)
     assert got is not None and got.id == "first"
+
+
+def test_list_jobs_walks_newest_first_and_scans_when_the_order_does_not_hold() -> None:
+    """A page is the newest jobs taken, enqueue order; held in another order (which no path makes
+    today), the walk notices and the page is the same."""
+    table = JobTable()
+    for n in range(20):
+        table.add(f"j{n:02d}", "t", {}, 0, None, 3, 10.0, 10.0, queue="even" if n % 2 == 0 else "odd")
+    newest = [job.id for job in table.list_jobs((), None, "even", None, 3, None)]
+    assert newest == ["j18", "j16", "j14"]
+    assert [job.id for job in table.list_jobs((), None, "even", None, 3, "j14")] == ["j12", "j10", "j08"]
+    jobs = table._jobs  # reorder: an old job last, as if a replay had inserted it late
+    jobs["j04"] = jobs.pop("j04")
+    assert [job.id for job in table.list_jobs((), None, "even", None, 3, None)] == newest
+    assert [job.id for job in table.list_jobs((READY,), None, None, None, 25, "j05")] == [
+        "j04",
+        "j03",
+        "j02",
+        "j01",
+        "j00",
+    ]

@@ -1076,8 +1076,12 @@ class JobTable:
     ) -> list[Job]:
         """Snapshots of up to ``limit`` jobs in ``states`` (empty: any) with this ``task``, ``queue`` and
         ``tenant`` (``None``: any), newest enqueued first, enqueued before ``after_id`` if given (see
-        :meth:`Store.list_jobs <trioq.stores.Store.list_jobs>`). A scan of every job the table holds:
-        for listings, not hot paths."""
+        :meth:`Store.list_jobs <trioq.stores.Store.list_jobs>`). For listings, not hot paths.
+
+        Jobs are walked newest first in the order the table holds them, which is enqueue order
+        (adds, replays and checkpoints insert in it), stopping once the page is full: a page costs the
+        jobs enqueued after its last one. Should that order ever not hold, the walk notices (a ``seq``
+        out of order) and scans every job instead."""
         before = math.inf
         if after_id is not None:
             cursor = self._jobs.get(after_id)
@@ -1089,16 +1093,29 @@ class JobTable:
                 )
             before = cursor.seq
         wanted = frozenset(states)
-        matching = (
-            entry
-            for entry in self._jobs.values()
-            if entry.seq < before
-            and (not wanted or entry.state in wanted)
-            and (task is None or entry.task == task)
-            and (queue is None or entry.queue == queue)
-            and (tenant is None or entry.tenant == tenant)
-        )
-        return [entry.snapshot() for entry in heapq.nlargest(limit, matching, key=lambda entry: entry.seq)]
+
+        def takes(entry: Entry) -> bool:
+            return (
+                entry.seq < before
+                and (not wanted or entry.state in wanted)
+                and (task is None or entry.task == task)
+                and (queue is None or entry.queue == queue)
+                and (tenant is None or entry.tenant == tenant)
+            )
+
+        page: list[Entry] = []
+        last = math.inf
+        for entry in reversed(self._jobs.values()):
+            if entry.seq >= last:  # not in enqueue order after all: scan them all
+                matching = (entry for entry in self._jobs.values() if takes(entry))
+                page = heapq.nlargest(limit, matching, key=lambda entry: entry.seq)
+                break
+            last = entry.seq
+            if len(page) == limit:
+                break
+            if takes(entry):
+                page.append(entry)
+        return [entry.snapshot() for entry in page]
 
     def running(self) -> list[Entry]:
         """Every running entry (recovery releases these)."""
