@@ -48,7 +48,8 @@ CHANGES: dict[str, Change] = {"—": "same", "+1": "+1", "0": "0"}
 NOT_TRANSITIONS = frozenset(
     {
         "by_key", "count", "counts", "entries", "entry", "export", "get", "needs_clock", "holds",
-        "holds_key", "jobs", "list_jobs", "logged", "unfinished_by_queue", "next_run_at", "next_deadline", "next_due", "pending", "running",
+        "holds_key", "jobs", "logged", "next_run_at", "next_deadline", "next_due", "pending", "running",
+        "list_jobs", "unfinished_by_queue",  # views for listings and the dashboard
         "peek",  # promotes due jobs (as promote does), then only looks
         "clear", "restore", "restored",
         # A queue's pause is no job's transition: claims skip its jobs, which stay as they are.
