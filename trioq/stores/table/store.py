@@ -163,8 +163,9 @@ def _parents(job: NewJob, index: int, ids: Sequence[str], where: str) -> tuple[s
             if not 0 <= parent < index:
                 raise InvalidJob(
                     f"{where}after: {parent} names no earlier job of this batch (an int in after must be "
-                    f"from 0 to {index - 1})" if index else f"{where}after: {parent} names no earlier job of this "
-                    "batch (this is its first job)",
+                    f"from 0 to {index - 1})"
+                    if index
+                    else f"{where}after: {parent} names no earlier job of this batch (this is its first job)",
                     field=f"{where}after",
                 )
             parent_id = ids[parent]
