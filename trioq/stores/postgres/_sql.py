@@ -48,10 +48,12 @@ def not_found(job_id: object) -> JobNotFound:
     return JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
 
 
-def finished_notice(done: str) -> str:
+def finished_notice(done: str, *, named: bool = False) -> str:
     """SQL of a ``pg_notify(%s, %s || ids)``: the ``f|node|ids`` hint for the ids of CTE ``done`` (none if it
-    is empty); its two parameters are the channel and ``"f|node|"``."""
+    is empty); its two parameters are the channel and ``"f|node|"`` (``named``: ``%(channel)s`` and
+    ``%(finished)s``)."""
+    channel, prefix = ("%(channel)s", "%(finished)s") if named else ("%s", "%s")
     return (
-        f"(SELECT pg_notify(%s, %s || CASE WHEN sum(length(id) + 1) <= {NOTIFY_IDS}"
+        f"(SELECT pg_notify({channel}, {prefix} || CASE WHEN sum(length(id) + 1) <= {NOTIFY_IDS}"
         f" THEN string_agg(id, ',') ELSE '*' END) FROM {done} HAVING count(*) > 0)"
     )

@@ -185,6 +185,10 @@ class PostgresStore:
         #: When evict() next sweeps the run-out rate states (wall clock).
         self._next_rate_sweep = -math.inf
         self._claim_queues: tuple[object, list[str] | None] = (None, None)
+        #: Whether a success may complete a parent (one has, or this store added a child): completions then
+        #: use the statement that also releases children (see ``_transitions._succeed_all``); without
+        #: flows, the smaller one.
+        self._parents = False
         self._last_notify = -math.inf
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
@@ -519,6 +523,7 @@ class PostgresStore:
         config = self._open()
         now = config.clock()
         notify = (self.channel, f"r|{config.node}|")
+        self._parents = True
         out, inserted = await self._call(_flows.add, rows, now, max_pending, config.defer_past, notify, retried=True)
         ready = 0
         for job, new in zip(out, inserted, strict=True):
@@ -563,6 +568,7 @@ class PostgresStore:
         config = self._open()
         rows = self._rows(jobs)
         if any(job.after for _, job, _ in rows):  # parents: locked in the caller's transaction (see _flows)
+            self._parents = True  # a plain flag: any thread
             out, _ = _flows.add(conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"))
             if any(job.deadline is not None for _, job, _ in rows):
                 self._deadlines_used = True
@@ -738,8 +744,10 @@ class PostgresStore:
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
         states, snapshots, scheduled, unparked, settled = await self._call(
             _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
-            retried=True,
+            self._parents, retried=True,
         )  # fmt: skip
+        if settled.parents:
+            self._parents = True  # flows are in use: successes release children in their own statement
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY) + unparked
@@ -944,17 +952,19 @@ def _complete(
     watched: Any,
     limit_of: Callable[[str], Limit | None],
     fair: Mapping[str, float] | None = None,
+    parents: bool = False,
     *,
     retried: bool = False,
 ) -> tuple[list[JobState | None], list[Job], list[float], int, _flows.Settled]:
-    """``complete`` in one worker thread: the outcomes applied, then the snapshots of the watched jobs that
-    finished (read at once: only the leader's eviction may drop them; children a parent's end cancelled
-    among them); the run times of jobs scheduled; how many jobs parked on the limit keys of the attempts
-    that ended were let go; and what the parents' ends did to their children."""
+    """``complete`` in one worker thread: the outcomes applied (``parents``: as ``sql.complete``'s), then the
+    snapshots of the watched jobs that finished (read at once: only the leader's eviction may drop them;
+    children a parent's end cancelled among them); the run times of jobs scheduled; how many jobs parked
+    on the limit keys of the attempts that ended were let go; and what the parents' ends did to their
+    children."""
     freed: set[str] = set()
     settled = _flows.Settled()
     states, finished, scheduled = sql.complete(
-        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled
+        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled, parents=parents
     )
     unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
     wanted = [job_id for job_id in finished if job_id in watched]
