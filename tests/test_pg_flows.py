@@ -543,3 +543,24 @@ def test_a_success_of_a_parent_releasing_its_children_is_one_statement() -> None
     assert len(conn.sent) == 1 and settled.ready == 2 and settled.parents == 0
     ((query, params),) = conn.sent
     assert "flow_edges" in query and params["ready"] == "r|n|" and params["finished"] == "f|n|"
+
+
+def _claimed(job_id: str, *after: str) -> Job:
+    return Job(id=job_id, task="t", payload={}, state=JobState.RUNNING, attempts=0, epoch=1, priority=0, key=None,
+               max_attempts=3, run_at=0.0, created_at=0.0, finished_at=None, result=None, error=None,
+               after=after)  # fmt: skip
+
+
+def test_parent_results_kept_with_a_claim_answer_each_child_once() -> None:
+    """Results read with a claim answer each claimed child's parents once (two children of one parent:
+    twice), then are gone; a child whose parents are not all kept is left to a query (``None``); past
+    the bound the oldest parents go."""
+    kept = _flows.ParentResults(bound=3)
+    kept.keep([_claimed("c1", "p1"), _claimed("c2", "p1", "p2"), _claimed("c3", "gone")], {"p1": 1, "p2": None})
+    assert len(kept) == 2
+    assert kept.take(["p1", "p2"]) == {"p1": 1, "p2": None}
+    assert kept.take(["p2"]) is None and kept.take(["gone"]) is None
+    assert kept.take(["p1"]) == {"p1": 1}
+    assert len(kept) == 0
+    kept.keep([_claimed(f"c{i}", f"p{i}") for i in range(5)], {f"p{i}": i for i in range(5)})
+    assert len(kept) == 3 and kept.take(["p0"]) is None and kept.take(["p4"]) == {"p4": 4}

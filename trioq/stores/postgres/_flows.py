@@ -51,7 +51,18 @@ from ._sql import finished_notice as _finished_notice
 from ._sql import one_row as _row
 from ._sql import run as _run
 
-__all__ = ["Settled", "add", "cascade", "lock_parents", "release", "results", "revive", "settle", "unknown_parent"]
+__all__ = [
+    "ParentResults",
+    "Settled",
+    "add",
+    "cascade",
+    "lock_parents",
+    "release",
+    "results",
+    "revive",
+    "settle",
+    "unknown_parent",
+]
 
 #: Tries of a flow add that met a concurrent add of one of its keys (each try in a savepoint).
 _KEY_TRIES = 5
@@ -475,3 +486,45 @@ def results(conn: Any, s: str, ids: Sequence[str]) -> dict[str, Any]:
     with _cur(conn) as cur:
         _run(cur, f"SELECT id, result::text FROM {s}.jobs WHERE id = ANY(%s) AND state = 'succeeded'", (list(ids),))
         return {job_id: None if text is None else loads(text) for job_id, text in cur.fetchall()}
+
+
+class ParentResults:
+    """The results of the parents of jobs a node claimed, read in the claim's own call (one thread hop
+    less before a child starts), kept until each child claimed with them has asked (``ctx.parents``).
+
+    A succeeded job's result never changes, so an answer kept is the answer a query would give. At most
+    ``bound`` parents are kept (the oldest go first: a child that never started, released at shutdown,
+    leaves its parents behind); a child whose parents are not all kept is answered by a query.
+    """
+
+    def __init__(self, bound: int = 1024) -> None:
+        self._bound = bound
+        self._kept: dict[str, list[Any]] = {}  # parent id -> [result, children yet to ask]
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, jobs: Sequence[Job], found: dict[str, Any]) -> None:
+        """Keep ``found`` (``{parent id: result}``, as :func:`results` answers) for each of ``jobs`` (claimed)."""
+        kept = self._kept
+        for job in jobs:
+            for parent in dict.fromkeys(job.after):
+                if parent in found:
+                    kept.setdefault(parent, [found[parent], 0])[1] += 1
+        while len(kept) > self._bound:
+            del kept[next(iter(kept))]
+
+    def take(self, ids: Sequence[str]) -> dict[str, Any] | None:
+        """The kept results of ``ids`` (one child's parents), each counted as asked for; ``None`` unless
+        every one is kept."""
+        kept = self._kept
+        if not all(parent in kept for parent in ids):
+            return None
+        out: dict[str, Any] = {}
+        for parent in dict.fromkeys(ids):
+            entry = kept[parent]
+            out[parent] = entry[0]
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del kept[parent]
+        return out

@@ -189,6 +189,8 @@ class PostgresStore:
         #: use the statement that also releases children (see ``_transitions._succeed_all``); without
         #: flows, the smaller one.
         self._parents = False
+        #: The results of the parents of the jobs this store claimed, until their children ask (``results``).
+        self._parent_results = _flows.ParentResults()
         self._last_notify = -math.inf
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
@@ -658,6 +660,7 @@ class PostgresStore:
         channel, me, watched = self.channel, config.node, config.watched
         fair, defer = config.fairness, config.defer_past
         admitted = _defer.Admitted()
+        found: dict[str, Any] = {}
 
         def claim_jobs(conn: Any, schema: str) -> sql.Claimed:
             nonlocal late
@@ -680,10 +683,15 @@ class PostgresStore:
                 probe = promoted[0].next_deadline is not None
             # The room the claim makes is filled in its own transaction.
             claimed, admitted = _defer.admitting(conn, schema, defer, now, fair, lambda: claim_jobs(conn, schema))
+            parents = sorted({p for job in claimed for p in job.after})
+            if parents:  # ctx.parents, read in this call: the children start without another hop
+                found.update(_flows.results(conn, schema, parents))
             return claimed
 
         claim.__name__ = "claim"
         claimed = await self._call(claim)
+        if found:
+            self._parent_results.keep(claimed, found)
         if promoted is not None:
             self._promoted(*promoted)
         if late:
@@ -910,9 +918,10 @@ class PostgresStore:
         (never added, evicted, or not a possible id), or whose job has not succeeded, is left out."""
         self._open()
         wanted = sorted({job_id for job_id in ids if _usable_id(job_id)})
-        if not wanted:
+        kept = self._parent_results.take(wanted) if wanted and self._parent_results else None
+        if kept is not None or not wanted:  # read with the claim of the job asking (see ParentResults)
             await trio.lowlevel.checkpoint()
-            return {}
+            return kept or {}
         return await self._call(_flows.results, wanted)
 
     async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
