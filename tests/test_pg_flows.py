@@ -527,7 +527,7 @@ async def test_enqueue_tx_rolled_back_leaves_no_child_to_run(pg_dsn: str) -> Non
 
 def test_a_success_of_a_job_without_children_is_one_statement() -> None:
     """The fast completion stays one statement: the parent check is a column of its lock."""
-    conn = Recording(one=([1], None, [], []))
+    conn = Recording(rows=[([1], None, [], [])])
     states, finished, _ = sql.complete(conn, "s", [Succeeded("j1", 1, None)], 1.0, "ch", "n")
     assert states == [JobState.SUCCEEDED] and finished == ["j1"]
     assert len(conn.sent) == 1
@@ -535,7 +535,7 @@ def test_a_success_of_a_job_without_children_is_one_statement() -> None:
 
 def test_a_success_of_a_parent_releasing_its_children_is_one_statement() -> None:
     """With ``parents`` a parent's success and its children's release are one statement, its hints in it."""
-    conn = Recording(one=([1], None, [], [], 2, [], None))
+    conn = Recording(rows=[([1], None, [], [], 2, [], None)])
     settled = _flows.Settled()
     states, finished, _ = sql.complete(conn, "s", [Succeeded("p1", 1, None)], 1.0, "ch", "n", settled=settled,
                                        parents=True)  # fmt: skip

@@ -45,7 +45,7 @@ from ..._validate import where as _where
 from .._base import NewJob
 from ..table.flows import parent_failed
 from ..table.store import _parents
-from ._rows import COLUMNS, encode_limits, job_from_row, loads
+from ._rows import COLUMNS, WIDTH, encode_limits, job_from_row, loads
 from ._sql import cursor as _cur
 from ._sql import finished_notice as _finished_notice
 from ._sql import one_row as _row
@@ -54,10 +54,13 @@ from ._sql import run as _run
 __all__ = [
     "ParentResults",
     "Settled",
+    "Take",
     "add",
     "cascade",
     "lock_parents",
     "release",
+    "release_sql",
+    "released",
     "results",
     "revive",
     "settle",
@@ -73,18 +76,25 @@ _ENDED = ("dead", "cancelled")
 class Settled:
     """What the moves of children did in one transition: jobs made ready (their NOTIFY went out in the
     transition), the ``run_at`` of each made scheduled, the ids of those cancelled (announced as
-    finished in the transition too), and how many parents' ends :func:`settle` moved children for."""
+    finished in the transition too), how many parents' ends :func:`settle` moved children for, and the
+    children claimed for the node."""
 
     ready: int = 0
     scheduled: list[float] = attrs.Factory(list)
     cancelled: list[str] = attrs.Factory(list)
     parents: int = 0
+    #: Children claimed for the completing node in the transition (see :class:`Take`), best first, and
+    #: their parents' results (``{parent id: result}``, as :func:`results` answers).
+    claimed: list[Job] = attrs.Factory(list)
+    results: dict[str, Any] = attrs.Factory(dict)
 
     def __iadd__(self, other: Settled) -> Settled:
         self.ready += other.ready
         self.scheduled += other.scheduled
         self.cancelled += other.cancelled
         self.parents += other.parents
+        self.claimed += other.claimed
+        self.results.update(other.results)
         return self
 
 
@@ -346,6 +356,108 @@ def _read_back(
 
 
 # ------------------------------------------------------- parents' ends
+
+
+@attrs.frozen
+class Take:
+    """Children a parent's success may claim at once for the node completing it (its idle workers): at
+    most ``counts[i]`` of queue ``queues[i]`` (``queues`` ``None``: ``counts[0]`` of any queue), under claim
+    ``token``; with ``keyed``, none that holds a limit key (those go to the limit path's claim).
+
+    Only what a claim would take: ready now (``run_at`` reached, all parents met), its queue not paused,
+    its deadline not passed; the best first (priority, then ``run_at``, then FIFO).
+    """
+
+    queues: tuple[str, ...] | None
+    counts: tuple[int, ...]
+    token: str
+    keyed: bool = False
+
+
+def release_sql(s: str, take: Take | None) -> tuple[str, str, str]:
+    """The SQL by which a success statement (``_transitions._succeed_all``) releases the waiting children of
+    the parents it completes (CTE ``s``: ``id``, ``has_children``), as :func:`release` does, and with
+    ``take`` claims some for its node: ``(CTEs, after a comma, ending its WITH; select-list items, each
+    after a comma; a join that follows the select list's FROM)``. Read its result with :func:`released`.
+
+    Parameters it names: ``now``, ``channel``, ``ready`` (the ``r|node|`` prefix), and with ``take``
+    ``node``, ``token``, ``take_queues``, ``take_counts``. Children are probed by id arrays, so that a
+    batch without parents reads nothing more.
+    """
+    pick = ""
+    picked = "false"
+    if take is not None:
+        # The children made ready now that a claim may take, ranked as a claim ranks them (per queue).
+        queue_of = "''" if take.queues is None else "c.queue"
+        served = "t.queue = ''" if take.queues is None else "t.queue = c.queue"
+        pick = (
+            " pick AS (SELECT c.id FROM (SELECT ck.id, ck.queue, row_number() OVER (PARTITION BY"
+            f"   {queue_of.replace('c.', 'ck.')} ORDER BY ck.priority DESC, ck.run_at, ck.seq) AS rank"
+            "   FROM ck JOIN kids ON kids.child = ck.id WHERE ck.unmet <= kids.n AND ck.run_at <= %(now)s"
+            "   AND (ck.deadline IS NULL OR ck.epoch > 0 OR ck.deadline > %(now)s)"
+            + (" AND ck.limits = '{}'" if take.keyed else "")
+            + f"   AND ck.queue NOT IN (SELECT queue FROM {s}.paused)) c"
+            "   JOIN unnest(%(take_queues)s::text[], %(take_counts)s::int[]) AS t(queue, n)"
+            f"   ON {served} WHERE c.rank <= t.n),"
+        )
+        picked = "pick.id IS NOT NULL"
+    ctes = (
+        f" kids AS (SELECT e.child, count(*) AS n FROM {s}.flow_edges e"
+        "   WHERE e.parent = ANY(ARRAY(SELECT id FROM s WHERE has_children)) GROUP BY e.child),"
+        f" ck AS (SELECT j.id, j.unmet, j.run_at, j.queue, j.priority, j.seq, j.limits, j.deadline, j.epoch"
+        f"   FROM {s}.jobs j WHERE j.id = ANY(ARRAY(SELECT child FROM kids)) AND j.state = 'waiting'"
+        "   ORDER BY j.id FOR UPDATE OF j),"
+        f"{pick}"
+        f" up AS (UPDATE {s}.jobs j SET unmet = CASE WHEN j.unmet > kids.n THEN j.unmet - kids.n END,"
+        f"   state = CASE WHEN j.unmet > kids.n THEN 'waiting' WHEN {picked} THEN 'running'"
+        "   WHEN j.run_at > %(now)s THEN 'scheduled' ELSE 'ready' END"
+        + (
+            ", epoch = CASE WHEN pick.id IS NOT NULL THEN j.epoch + 1 ELSE j.epoch END,"
+            " node = CASE WHEN pick.id IS NOT NULL THEN %(node)s ELSE j.node END,"
+            " claim = CASE WHEN pick.id IS NOT NULL THEN %(token)s ELSE j.claim END"
+            if take is not None
+            else ""
+        )
+        + " FROM ck JOIN kids ON kids.child = ck.id"
+        + (" LEFT JOIN pick ON pick.id = ck.id" if take is not None else "")
+        + f" WHERE j.id = ck.id RETURNING j.seq, {_qualified('j')})"
+    )
+    items = (
+        ", (SELECT count(*) FROM up WHERE state = 'ready'), ARRAY(SELECT run_at FROM up WHERE state = 'scheduled'),"
+        " (SELECT pg_notify(%(channel)s, %(ready)s || count(*)) FROM up WHERE state = 'ready' HAVING count(*) > 0)"
+    )
+    # A claimed child's parents' results (ctx.parents): those this statement completes as it was given them
+    # (the json column keeps the text), the others as the snapshot holds them (they had succeeded).
+    results = (
+        "ARRAY(SELECT ARRAY[x.id, x.r] FROM (SELECT s.id, s.result AS r FROM s WHERE s.id = ANY(up.parents)"
+        f"   UNION ALL SELECT p.id, p.result::text FROM {s}.jobs p WHERE p.id = ANY(up.parents)"
+        "   AND p.state = 'succeeded' AND NOT p.id = ANY(ARRAY(SELECT id FROM s))) x)"
+    )
+    join = (
+        f" LEFT JOIN (SELECT {COLUMNS}, seq, {results} FROM up WHERE state = 'running') cl ON true"
+        if take is not None
+        else ""
+    )
+    return ctes, items, join
+
+
+def released(rows: Sequence[Sequence[Any]], first: int, done: Settled) -> dict[str, Any]:
+    """Add to ``done`` what :func:`release_sql` did, from the rows its statement returned (its select-list
+    items start at column ``first``; the claimed children's columns follow them, one child a row); the
+    results of the claimed children's parents, as :func:`results` answers."""
+    row = rows[0]
+    done.ready += int(row[first])
+    done.scheduled += [float(at) for at in row[first + 1]]
+    at = first + 3
+    claimed = [r for r in rows if len(r) > at and r[at] is not None]
+    claimed.sort(key=lambda r: (-r[at + 6], r[at + 9], r[at + WIDTH]))
+    done.claimed += [job_from_row(r[at : at + WIDTH]) for r in claimed]
+    return {p: None if text is None else loads(text) for r in claimed for p, text in r[at + WIDTH + 1]}
+
+
+def _qualified(alias: str) -> str:
+    """:data:`COLUMNS` under ``alias``, each named as in :data:`COLUMNS` (``payload``, not ``payload::text``)."""
+    return ", ".join(f"{alias}.{column.strip().split('::')[0]}" for column in COLUMNS.split(","))
 
 
 def settle(

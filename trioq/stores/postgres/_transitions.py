@@ -65,6 +65,7 @@ __all__ = [
     "add",
     "cancel",
     "claim",
+    "claimed_with",
     "complete",
     "counts",
     "evict",
@@ -362,11 +363,9 @@ def claim(
     """
     with _cur(conn) as cur:
         if recover:
-            _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = 'running' AND node = %s AND claim = %s",
-                 (node, token))  # fmt: skip
-            recovered = [job_from_row(row) for row in cur.fetchall()]
+            recovered = claimed_with(conn, s, node, token)
             if recovered:
-                return Claimed(sorted(recovered, key=lambda job: (-job.priority, job.run_at)), None)
+                return Claimed(recovered, None)
         if lease_until is not None:
             _run(
                 cur,
@@ -436,6 +435,15 @@ def claim(
     rows = [row for row in rows if row[0] is not None]
     rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
     return Claimed([job_from_row(row) for row in rows], next_deadline if rows else None)
+
+
+def claimed_with(conn: Any, s: str, node: str, token: str) -> list[Job]:
+    """The jobs ``node`` runs under claim ``token`` (a claim's, or a success's that claimed children), best
+    first: what a try whose first try committed unseen finds."""
+    with _cur(conn) as cur:
+        _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = 'running' AND node = %s AND claim = %s",
+             (node, token))  # fmt: skip
+        return sorted((job_from_row(row) for row in cur.fetchall()), key=lambda job: (-job.priority, job.run_at))
 
 
 def _pick(
@@ -510,6 +518,7 @@ def complete(
     freed: set[str] | None = None,
     settled: _flows.Settled | None = None,
     parents: bool = False,
+    take: _flows.Take | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float]]:
     """Apply ``outcomes`` in order; ``(states, ids of the jobs finished, run_at of each job scheduled again)``.
 
@@ -522,7 +531,9 @@ def complete(
     the ids they cancelled are among the jobs finished). With ``parents`` (the caller expects parents
     among the successes), a parent's success releases them in the statement that completes it (see
     :func:`_succeed_all`); any other outcome of a parent, and a success the statement left, takes the
-    second way (:func:`._flows.settle`, which counts them in ``settled.parents``).
+    second way (:func:`._flows.settle`, which counts them in ``settled.parents``). ``take`` (with
+    ``parents``): children that statement may claim for ``node`` (``settled.claimed``; a batch split for
+    its size claims none).
     """
     if len(outcomes) > MAX_BATCH:  # bounded statements: one slow batch must not grow the next
         states: list[JobState | None] = []
@@ -539,7 +550,7 @@ def complete(
         return states, finished, scheduled
     ids = [o.job_id for o in outcomes]
     if not retried and all(type(o) is Succeeded for o in outcomes) and len(set(ids)) == len(ids):
-        fast = _succeed_all(conn, s, outcomes, now, channel, node, freed, settled, parents)  # type: ignore[arg-type]
+        fast = _succeed_all(conn, s, outcomes, now, channel, node, freed, settled, parents, take)  # type: ignore[arg-type]
         if fast is not None:
             states, finished, scheduled, left = fast
             if not left:
@@ -563,6 +574,7 @@ def _succeed_all(
     freed: set[str] | None,
     settled: _flows.Settled | None,
     parents: bool,
+    take: _flows.Take | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float], list[int]] | None:
     """Succeed distinct jobs in one statement; ``None`` when a result is unstorable (the general path fails it).
 
@@ -575,7 +587,8 @@ def _succeed_all(
     revive) that made a child wait on it may have committed since, and the children this snapshot
     holds are not all of them (``_flows`` explains why each of those writes the parent's row); the
     general path's later statements see them. Without ``parents`` the statement is the smaller one
-    (planning the release costs about as much again).
+    (planning the release costs about as much again). ``take`` (with ``parents``): children it may
+    claim for ``node`` as it releases them (``settled.claimed``; see :class:`._flows.Take`).
     """
     results: list[str | None] = []
     for o in outcomes:
@@ -591,30 +604,28 @@ def _succeed_all(
             "   WHERE has_children))),"
             " ok AS (SELECT lk.* FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children IS NULL OR sn.x = lk.x),"
         )
-        # The parents' waiting children, counted off as _flows.release does; probed by id arrays, so that
-        # a batch without parents reads nothing more.
-        release = (
-            f", kids AS (SELECT e.child, count(*) AS n FROM {s}.flow_edges e"
-            "   WHERE e.parent = ANY(ARRAY(SELECT id FROM s WHERE has_children)) GROUP BY e.child),"
-            f" ck AS (SELECT j.id FROM {s}.jobs j WHERE j.id = ANY(ARRAY(SELECT child FROM kids))"
-            "   AND j.state = 'waiting' ORDER BY j.id FOR UPDATE OF j),"
-            f" up AS (UPDATE {s}.jobs j SET unmet = CASE WHEN j.unmet > kids.n THEN j.unmet - kids.n END,"
-            "   state = CASE WHEN j.unmet > kids.n THEN 'waiting' WHEN j.run_at > %(now)s THEN 'scheduled'"
-            "   ELSE 'ready' END FROM ck JOIN kids ON kids.child = ck.id WHERE j.id = ck.id"
-            "   RETURNING j.state, j.run_at)"
-        )
-        released = (
-            ", (SELECT count(*) FROM up WHERE state = 'ready'), ARRAY(SELECT run_at FROM up WHERE state = 'scheduled'),"
-            " (SELECT pg_notify(%(channel)s, %(ready)s || count(*)) FROM up WHERE state = 'ready' HAVING count(*) > 0)"
-        )
+        release, released, joined = _flows.release_sql(s, take)
+        release = "," + release
         left = (
             "ARRAY(SELECT lk.ord FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children"
             " AND sn.x IS DISTINCT FROM lk.x ORDER BY lk.ord)"
         )
     else:
         chosen = " ok AS (SELECT * FROM lk WHERE has_children IS NULL),"
-        release = released = ""
+        release = released = joined = ""
         left = "ARRAY(SELECT ord FROM lk WHERE has_children ORDER BY ord)"
+    params: dict[str, Any] = {
+        "ids": [o.job_id for o in outcomes], "epochs": [o.epoch for o in outcomes], "results": results,
+        "now": now, "channel": channel, "finished": f"f|{node}|", "ready": f"r|{node}|",
+    }  # fmt: skip
+    if take is not None:
+        params.update(
+            node=node, token=take.token, take_queues=list(take.queues or ("",)), take_counts=list(take.counts)
+        )
+    summary = (
+        f"SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done', named=True)},"
+        f" ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) k), {left}{released}"
+    )
     with _cur(conn) as cur:
         _run(
             cur,
@@ -633,21 +644,16 @@ def _succeed_all(
             "   result = s.result::json, error = NULL, finished_at = %(now)s, finish_seq = s.fseq, node = NULL,"
             "   changed_at = %(now)s"
             f"   FROM s WHERE j.id = s.id RETURNING s.ord, j.id, j.limits){release}"
-            f" SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done', named=True)},"
-            " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) k),"
-            f" {left}{released}",
-            {
-                "ids": [o.job_id for o in outcomes], "epochs": [o.epoch for o in outcomes], "results": results,
-                "now": now, "channel": channel, "finished": f"f|{node}|", "ready": f"r|{node}|",
-            },
-        )  # fmt: skip
-        row = _row(cur)
+            + (f" SELECT * FROM ({summary}) sm{joined}" if joined else f" {summary}"),
+            params,
+        )
+        rows = cur.fetchall()
+    row = rows[0]  # the statement always returns a row (with children claimed: one per child)
     done = set(row[0])
     if freed is not None:
         freed.update(row[2])
     if parents and settled is not None:
-        settled.ready += int(row[4])
-        settled.scheduled += [float(at) for at in row[5]]
+        settled.results.update(_flows.released(rows, 4, settled))
     states: list[JobState | None] = [JobState.SUCCEEDED if i + 1 in done else None for i in range(len(outcomes))]
     return states, [outcomes[i - 1].job_id for i in sorted(done)], [], [i - 1 for i in row[3]]
 

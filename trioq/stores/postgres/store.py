@@ -750,12 +750,16 @@ class PostgresStore:
                 raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
             named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
+        take = self._take(now) if self._parents else None
         states, snapshots, scheduled, unparked, settled = await self._call(
             _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
-            self._parents, retried=True,
+            self._parents, take, retried=True,
         )  # fmt: skip
         if settled.parents:
             self._parents = True  # flows are in use: successes release children in their own statement
+        if settled.claimed:  # children claimed for this node as their parents succeeded
+            self._parent_results.keep(settled.claimed, settled.results)
+            config.on_claimed(settled.claimed)
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY) + unparked
@@ -768,6 +772,23 @@ class PostgresStore:
             config.on_ready(settled.ready)
         self._local_finished(snapshots)
         return out
+
+    def _take(self, now: float) -> _flows.Take | None:
+        """What a success may claim of the children it releases, for this node's idle workers
+        (``StoreConfig.takers``); ``None`` with fair claims (their order is the fair claim's to decide), or
+        while the node's lease is not known to last (a claim renews it first)."""
+        config = self._open()
+        if config.fairness is not None or self._lease_until < now + self.lease / 2:
+            return None
+        wanted = {queue: n for queue, n in config.takers().items() if n > 0}
+        if not wanted:
+            return None
+        self._claims += 1
+        keyed = config.limits is not no_limits
+        if None in wanted:  # one pool serves every queue
+            return _flows.Take(None, (wanted[None],), f"{self._claims}", keyed)
+        queues = sorted(q for q in wanted if q is not None)
+        return _flows.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
 
     async def rescue(self) -> int:
         config = self._open()
@@ -962,19 +983,27 @@ def _complete(
     limit_of: Callable[[str], Limit | None],
     fair: Mapping[str, float] | None = None,
     parents: bool = False,
+    take: _flows.Take | None = None,
     *,
     retried: bool = False,
 ) -> tuple[list[JobState | None], list[Job], list[float], int, _flows.Settled]:
-    """``complete`` in one worker thread: the outcomes applied (``parents``: as ``sql.complete``'s), then the
-    snapshots of the watched jobs that finished (read at once: only the leader's eviction may drop them;
-    children a parent's end cancelled among them); the run times of jobs scheduled; how many jobs parked
-    on the limit keys of the attempts that ended were let go; and what the parents' ends did to their
-    children."""
+    """``complete`` in one worker thread: the outcomes applied (``parents``, ``take``: as ``sql.complete``'s),
+    then the snapshots of the watched jobs that finished (read at once: only the leader's eviction may drop
+    them; children a parent's end cancelled among them); the run times of jobs scheduled; how many jobs
+    parked on the limit keys of the attempts that ended were let go; and what the parents' ends did to
+    their children (with the children claimed, and their parents' results).
+
+    A try after a broken connection finds the children its first try claimed, if that try committed."""
     freed: set[str] = set()
     settled = _flows.Settled()
     states, finished, scheduled = sql.complete(
-        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled, parents=parents
-    )
+        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled, parents=parents,
+        take=take,
+    )  # fmt: skip
+    if retried and take is not None:
+        settled.claimed = sql.claimed_with(conn, schema, node, take.token)
+        parent_ids = sorted({p for job in settled.claimed for p in job.after})
+        settled.results = _flows.results(conn, schema, parent_ids) if parent_ids else {}
     unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
