@@ -32,6 +32,8 @@ class Recording:
 
     def __init__(self, one: tuple[Any, ...] | None = None, rows: list[tuple[Any, ...]] | None = None) -> None:
         self.sent: list[tuple[str, Any]] = []
+        #: Whether each statement sent asked to be prepared.
+        self.prepared: list[bool] = []
         self.one = one
         self.rows = rows or []
 
@@ -46,6 +48,7 @@ class Recording:
 
     def execute(self, query: str, params: Any = None, prepare: bool | None = None) -> None:
         self.sent.append((query, params))
+        self.prepared.append(bool(prepare))
 
     def fetchall(self) -> list[Any]:
         return list(self.rows)

@@ -526,11 +526,11 @@ async def test_enqueue_tx_rolled_back_leaves_no_child_to_run(pg_dsn: str) -> Non
 
 
 def test_a_success_of_a_job_without_children_is_one_statement() -> None:
-    """The fast completion stays one statement: the parent check is a column of its lock."""
+    """The fast completion stays one statement, unprepared: the parent check is a column of its lock."""
     conn = Recording(rows=[([1], None, [], [])])
     states, finished, _ = sql.complete(conn, "s", [Succeeded("j1", 1, None)], 1.0, "ch", "n")
     assert states == [JobState.SUCCEEDED] and finished == ["j1"]
-    assert len(conn.sent) == 1
+    assert len(conn.sent) == 1 and conn.prepared == [False]
 
 
 def test_a_success_of_a_parent_releasing_its_children_is_one_statement() -> None:
@@ -541,6 +541,7 @@ def test_a_success_of_a_parent_releasing_its_children_is_one_statement() -> None
                                        parents=True)  # fmt: skip
     assert states == [JobState.SUCCEEDED] and finished == ["p1"]
     assert len(conn.sent) == 1 and settled.ready == 2 and settled.parents == 0
+    assert conn.prepared == [True]  # a batch this small: its planning was most of its cost
     ((query, params),) = conn.sent
     assert "flow_edges" in query and params["ready"] == "r|n|" and params["finished"] == "f|n|"
 

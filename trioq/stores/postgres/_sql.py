@@ -1,6 +1,6 @@
 """What every module of SQL transitions shares: cursors, unprepared statements, the finished hint.
 
-Statements run through :func:`run`, never prepared (see ``_transitions``), on
+Statements run through :func:`run`, unprepared but for one (see ``_transitions``), on
 cursors that give tuples whatever row factory the connection (maybe the
 caller's, for ``enqueue_tx``) has.
 """
@@ -26,9 +26,10 @@ def cursor(conn: Any) -> Any:
     return conn.cursor(row_factory=tuple_row)
 
 
-def run(cur: Any, query: str, params: Any = None) -> Any:
-    """Execute ``query`` on ``cur`` unprepared; returns ``cur``."""
-    cur.execute(query, params, prepare=False)
+def run(cur: Any, query: str, params: Any = None, *, prepare: bool = False) -> Any:
+    """Execute ``query`` on ``cur``, unprepared unless ``prepare`` (on a pooled connection: see
+    ``_transitions._succeed_all`` for the one statement that is); returns ``cur``."""
+    cur.execute(query, params, prepare=prepare)
     return cur
 
 

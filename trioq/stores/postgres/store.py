@@ -70,6 +70,9 @@ _RATE_SWEEP_MARGIN = 600.0
 #: tenants, and compiling it took 150 ms of a statement that runs in 0.3 ms. No statement of trioq's
 #: runs long enough to gain from it.
 _PLANNER = "-c enable_bitmapscan=off -c jit=off"
+#: The pool's ``prepare_threshold``: a statement is prepared only when its call asks (``prepare=True``, see
+#: ``_transitions.PREPARED_BATCH``); ``None`` would refuse even that, and every other call says ``prepare=False``.
+_PREPARE_ASKED = 2**31 - 1
 #: libpq's TCP keepalives: a connection whose peer went silent fails within about 40 s.
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 6}
 
@@ -269,7 +272,7 @@ class PostgresStore:
             self.dsn,
             min_size=1,
             max_size=self.max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": None, "options": _PLANNER, **_KEEPALIVES},
+            kwargs={"autocommit": True, "prepare_threshold": _PREPARE_ASKED, "options": _PLANNER, **_KEEPALIVES},
             open=False,
             name=f"trioq-{self.schema}",
         )
