@@ -754,15 +754,24 @@ class PostgresStore:
             named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
         take = self._take(now) if self._parents else None
+        handed: set[tuple[str, int]] = set()
+
+        def hand_over(settled: _flows.Settled) -> None:
+            """Children claimed for this node as their parents succeeded (in trio, from the call's thread,
+            before it goes on to the limit keys' unpark): to the workers, each once."""
+            jobs = [job for job in settled.claimed if (job.id, job.epoch) not in handed]
+            handed.update((job.id, job.epoch) for job in jobs)
+            if jobs:
+                self._parent_results.keep(jobs, settled.results)
+                config.on_claimed(jobs)
+
         states, snapshots, scheduled, unparked, settled = await self._call(
             _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
-            self._parents, take, retried=True,
+            self._parents, take, _early(hand_over) if take is not None else None, retried=True,
         )  # fmt: skip
         if settled.parents:
             self._parents = True  # flows are in use: successes release children in their own statement
-        if settled.claimed:  # children claimed for this node as their parents succeeded
-            self._parent_results.keep(settled.claimed, settled.results)
-            config.on_claimed(settled.claimed)
+        hand_over(settled)  # (the call handed them over already, unless a retry found more)
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY) + unparked
@@ -987,6 +996,7 @@ def _complete(
     fair: Mapping[str, float] | None = None,
     parents: bool = False,
     take: _flows.Take | None = None,
+    early: Callable[[_flows.Settled], None] | None = None,
     *,
     retried: bool = False,
 ) -> tuple[list[JobState | None], list[Job], list[float], int, _flows.Settled]:
@@ -996,7 +1006,9 @@ def _complete(
     parked on the limit keys of the attempts that ended were let go; and what the parents' ends did to
     their children (with the children claimed, and their parents' results).
 
-    A try after a broken connection finds the children its first try claimed, if that try committed."""
+    ``early(settled)`` is called as soon as children were claimed (they are committed), before the limit
+    keys are unparked: a child need not wait for that. A try after a broken connection finds the
+    children its first try claimed, if that try committed."""
     freed: set[str] = set()
     settled = _flows.Settled()
     states, finished, scheduled = sql.complete(
@@ -1007,10 +1019,21 @@ def _complete(
         settled.claimed = sql.claimed_with(conn, schema, node, take.token)
         parent_ids = sorted({p for job in settled.claimed for p in job.after})
         settled.results = _flows.results(conn, schema, parent_ids) if parent_ids else {}
+    if settled.claimed and early is not None:
+        early(settled)
     unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
     return states, snapshots, scheduled, unparked, settled
+
+
+def _early(hand_over: Callable[[_flows.Settled], None]) -> Callable[[_flows.Settled], None]:
+    """``hand_over``, called from a worker thread of this trio run (``_complete``'s ``early``)."""
+
+    def early(settled: _flows.Settled) -> None:
+        trio.from_thread.run_sync(hand_over, settled)
+
+    return early
 
 
 def _cancel(
