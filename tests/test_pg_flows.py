@@ -23,7 +23,7 @@ import trio
 import trioq
 from trioq import InvalidJob, Job, JobState
 from trioq.stores import ClaimRequest, Failed, NewJob, StoreConfig, Succeeded
-from trioq.stores.postgres import _admin, _flows
+from trioq.stores.postgres import _admin, _flows, _handoff
 from trioq.stores.postgres import _transitions as sql
 
 from .pgplans import Clock, Recording
@@ -556,7 +556,7 @@ def test_parent_results_kept_with_a_claim_answer_each_child_once() -> None:
     """Results read with a claim answer each claimed child's parents once (two children of one parent:
     twice), then are gone; a child whose parents are not all kept is left to a query (``None``); past
     the bound the oldest parents go."""
-    kept = _flows.ParentResults(bound=3)
+    kept = _handoff.ParentResults(bound=3)
     kept.keep([_claimed("c1", "p1"), _claimed("c2", "p1", "p2"), _claimed("c3", "gone")], {"p1": 1, "p2": None})
     assert len(kept) == 2
     assert kept.take(["p1", "p2"]) == {"p1": 1, "p2": None}

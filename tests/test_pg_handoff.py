@@ -1,4 +1,4 @@
-"""PostgresStore: children a parent's success claims at once for the node completing it (``_flows.Take``).
+"""PostgresStore: children a parent's success claims at once for the node completing it (``_handoff.Take``).
 
 A success that releases children claims, in the same statement, those a claim of that node would
 take (ready now, a served queue not paused, the deadline not passed, no limit key when the node
@@ -21,7 +21,7 @@ import trioq
 from trioq import Job, JobState
 from trioq.stores import ClaimRequest, NewJob, StoreConfig, Succeeded
 from trioq.stores._base import no_limits
-from trioq.stores.postgres import _flows
+from trioq.stores.postgres import _flows, _handoff
 from trioq.stores.postgres import _transitions as sql
 from trioq.stores.postgres.store import _complete
 
@@ -64,7 +64,7 @@ async def _states(store: trioq.PostgresStore, jobs: Sequence[Job]) -> list[JobSt
     return [(await store.get(job.id)).state for job in jobs]
 
 
-def _succeed(dsn: str, schema: str, clock: Clock, job: Job, take: _flows.Take) -> _flows.Settled:
+def _succeed(dsn: str, schema: str, clock: Clock, job: Job, take: _handoff.Take) -> _flows.Settled:
     settled = _flows.Settled()
     with psycopg.connect(dsn, autocommit=True) as conn:
         states, _, _ = sql.complete(conn, schema, [Succeeded(job.id, job.epoch, {"paid": 1})], clock.now, "x", "b",
@@ -87,7 +87,7 @@ async def test_a_success_claims_what_a_claim_would_of_the_children_it_releases(p
         claimed = await store.claim(ClaimRequest(node="b", limit=2, lease=30.0))
         got = next(job for job in claimed if job.id == parent.id)
         clock.now += 10  # late's deadline has passed
-        settled = _succeed(pg_dsn, schema, clock, got, _flows.Take(None, (3,), "t1", keyed=True))
+        settled = _succeed(pg_dsn, schema, clock, got, _handoff.Take(None, (3,), "t1", keyed=True))
         assert [job.id for job in settled.claimed] == [best.id, first.id, elsewhere.id]
         assert {(job.state, job.epoch) for job in settled.claimed} == {(JobState.RUNNING, 1)}
         assert settled.results == {parent.id: {"paid": 1}}
@@ -108,7 +108,7 @@ async def test_a_success_claims_only_of_the_queues_asked_and_not_paused(pg_dsn: 
         kids = await store.add([_job(parent.id, queue=q) for q in ("q1", "q1", "q2", "q3")])
         await store.pause("q3")
         (got,) = await store.claim(ClaimRequest(node="b", limit=1, lease=30.0))
-        settled = _succeed(pg_dsn, schema, clock, got, _flows.Take(("q1", "q3"), (1, 5), "t1"))
+        settled = _succeed(pg_dsn, schema, clock, got, _handoff.Take(("q1", "q3"), (1, 5), "t1"))
         assert [job.id for job in settled.claimed] == [kids[0].id]
         assert settled.ready == 3
         assert await _states(store, kids) == [JobState.RUNNING] + [JobState.READY] * 3
@@ -143,7 +143,7 @@ async def test_a_retried_success_finds_the_children_its_first_try_claimed(pg_dsn
         (parent,) = await store.add([_job()])
         kids = await store.add([_job(parent.id) for _ in range(2)])
         (got,) = await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))
-        take = _flows.Take(None, (5,), "t9")
+        take = _handoff.Take(None, (5,), "t9")
         outcome = Succeeded(got.id, got.epoch, 7)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             sql.complete(conn, schema, [outcome], clock.now, "x", "a", parents=True, take=take)

@@ -52,7 +52,7 @@ from ..._model import (
     storable_text,
 )
 from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded, no_limits
-from . import _fair, _flows, _limits
+from . import _fair, _flows, _handoff, _limits
 from ._admin import cancel, pause, paused, resume, retry
 from ._rows import COLUMNS, WIDTH, encode_errors, encode_limits, encode_result, job_from_row, loads
 from ._sql import NOTIFY_IDS as _NOTIFY_IDS
@@ -525,7 +525,7 @@ def complete(
     freed: set[str] | None = None,
     settled: _flows.Settled | None = None,
     parents: bool = False,
-    take: _flows.Take | None = None,
+    take: _handoff.Take | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float]]:
     """Apply ``outcomes`` in order; ``(states, ids of the jobs finished, run_at of each job scheduled again)``.
 
@@ -581,7 +581,7 @@ def _succeed_all(
     freed: set[str] | None,
     settled: _flows.Settled | None,
     parents: bool,
-    take: _flows.Take | None = None,
+    take: _handoff.Take | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float], list[int]] | None:
     """Succeed distinct jobs in one statement; ``None`` when a result is unstorable (the general path fails it).
 
@@ -595,7 +595,7 @@ def _succeed_all(
     holds are not all of them (``_flows`` explains why each of those writes the parent's row); the
     general path's later statements see them. Without ``parents`` the statement is the smaller one
     (planning the release costs about as much again). ``take`` (with ``parents``): children it may
-    claim for ``node`` as it releases them (``settled.claimed``; see :class:`._flows.Take`).
+    claim for ``node`` as it releases them (``settled.claimed``; see :class:`._handoff.Take`).
     """
     results: list[str | None] = []
     for o in outcomes:
@@ -611,7 +611,7 @@ def _succeed_all(
             "   WHERE has_children))),"
             " ok AS (SELECT lk.* FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children IS NULL OR sn.x = lk.x),"
         )
-        release, released, joined = _flows.release_sql(s, take)
+        release, released, joined = _handoff.release_sql(s, take)
         release = "," + release
         left = (
             "ARRAY(SELECT lk.ord FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children"
@@ -661,7 +661,7 @@ def _succeed_all(
     if freed is not None:
         freed.update(row[2])
     if parents and settled is not None:
-        settled.results.update(_flows.released(rows, 4, settled))
+        settled.results.update(_handoff.released(rows, 4, settled))
     states: list[JobState | None] = [JobState.SUCCEEDED if i + 1 in done else None for i in range(len(outcomes))]
     return states, [outcomes[i - 1].job_id for i in sorted(done)], [], [i - 1 for i in row[3]]
 

@@ -34,7 +34,7 @@ from .._base import (
     no_limits,
 )
 from ..table.store import _checked
-from . import _admin, _cron, _defer, _flows, _limits
+from . import _admin, _cron, _defer, _flows, _handoff, _limits
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
@@ -193,7 +193,7 @@ class PostgresStore:
         #: flows, the smaller one.
         self._parents = False
         #: The results of the parents of the jobs this store claimed, until their children ask (``results``).
-        self._parent_results = _flows.ParentResults()
+        self._parent_results = _handoff.ParentResults()
         self._last_notify = -math.inf
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
@@ -785,7 +785,7 @@ class PostgresStore:
         self._local_finished(snapshots)
         return out
 
-    def _take(self, now: float) -> _flows.Take | None:
+    def _take(self, now: float) -> _handoff.Take | None:
         """What a success may claim of the children it releases, for this node's idle workers
         (``StoreConfig.takers``); ``None`` with fair claims (their order is the fair claim's to decide), or
         while the node's lease is not known to last (a claim renews it first)."""
@@ -798,9 +798,9 @@ class PostgresStore:
         self._claims += 1
         keyed = config.limits is not no_limits
         if None in wanted:  # one pool serves every queue
-            return _flows.Take(None, (wanted[None],), f"{self._claims}", keyed)
+            return _handoff.Take(None, (wanted[None],), f"{self._claims}", keyed)
         queues = sorted(q for q in wanted if q is not None)
-        return _flows.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
+        return _handoff.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
 
     async def rescue(self) -> int:
         config = self._open()
@@ -995,7 +995,7 @@ def _complete(
     limit_of: Callable[[str], Limit | None],
     fair: Mapping[str, float] | None = None,
     parents: bool = False,
-    take: _flows.Take | None = None,
+    take: _handoff.Take | None = None,
     early: Callable[[_flows.Settled], None] | None = None,
     *,
     retried: bool = False,
