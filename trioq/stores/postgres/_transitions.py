@@ -611,14 +611,16 @@ def _succeed_all(
             "   WHERE has_children))),"
             " ok AS (SELECT lk.* FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children IS NULL OR sn.x = lk.x),"
         )
+        completed = "ok"
         release, released, joined = _handoff.release_sql(s, take)
         release = "," + release
         left = (
             "ARRAY(SELECT lk.ord FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children"
             " AND sn.x IS DISTINCT FROM lk.x ORDER BY lk.ord)"
         )
-    else:
-        chosen = " ok AS (SELECT * FROM lk WHERE has_children IS NULL),"
+    else:  # the statement a store without flows always sent
+        chosen = ""
+        completed = "lk WHERE has_children IS NULL"
         release = released = joined = ""
         left = "ARRAY(SELECT ord FROM lk WHERE has_children ORDER BY ord)"
     params: dict[str, Any] = {
@@ -645,8 +647,8 @@ def _succeed_all(
             f"   FROM {s}.jobs j JOIN u ON j.id = u.id AND j.epoch = u.epoch WHERE j.state = 'running'"
             "   ORDER BY j.id FOR UPDATE OF j),"
             f"{chosen}"
-            f" s AS (SELECT o.id, o.result, o.ord, o.has_children, nextval('{s}.finish_seq') AS fseq"
-            "   FROM (SELECT * FROM ok ORDER BY ord) o),"
+            f" s AS (SELECT o.id, o.result, o.ord{', o.has_children' if parents else ''},"
+            f"   nextval('{s}.finish_seq') AS fseq FROM (SELECT * FROM {completed} ORDER BY ord) o),"
             f" done AS (UPDATE {s}.jobs j SET state = 'succeeded', attempts = j.attempts + 1,"
             "   result = s.result::json, error = NULL, finished_at = %(now)s, finish_seq = s.fseq, node = NULL,"
             "   changed_at = %(now)s"
