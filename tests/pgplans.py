@@ -27,12 +27,15 @@ class Clock:
 
 
 class Recording:
-    """A stand-in connection: records each statement a transition sends; answers no rows, or ``one``
-    where one row is asked for."""
+    """A stand-in connection: records each statement a transition sends; answers ``rows`` (none unless
+    given) where all rows are asked for, ``one`` where one row is."""
 
-    def __init__(self, one: tuple[Any, ...] | None = None) -> None:
+    def __init__(self, one: tuple[Any, ...] | None = None, rows: list[tuple[Any, ...]] | None = None) -> None:
         self.sent: list[tuple[str, Any]] = []
+        #: Whether each statement sent asked to be prepared.
+        self.prepared: list[bool] = []
         self.one = one
+        self.rows = rows or []
 
     def cursor(self, **kwargs: Any) -> Recording:
         return self
@@ -45,9 +48,10 @@ class Recording:
 
     def execute(self, query: str, params: Any = None, prepare: bool | None = None) -> None:
         self.sent.append((query, params))
+        self.prepared.append(bool(prepare))
 
     def fetchall(self) -> list[Any]:
-        return []
+        return list(self.rows)
 
     def fetchone(self) -> tuple[Any, ...] | None:
         return self.one

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -23,12 +23,14 @@ import trio
 import trioq
 from trioq import InvalidJob, Job, JobState
 from trioq.stores import ClaimRequest, Failed, NewJob, StoreConfig, Succeeded
-from trioq.stores.postgres import _flows
+from trioq.stores.postgres import _admin, _flows, _handoff
 from trioq.stores.postgres import _transitions as sql
 
 from .pgplans import Clock, Recording
 
 pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
 
 #: Bounds each wait for another node's notification (they arrive within milliseconds).
 HEARD_WITHIN = 5.0
@@ -258,10 +260,12 @@ async def test_enqueue_tx_with_parents_commits_or_leaves_nothing(pg_dsn: str) ->
 # ----------------------------------------------------------- concurrency
 
 
-async def test_two_parents_succeeding_at_once_on_two_nodes_release_the_child_once(pg_dsn: str) -> None:
+@pytest.mark.parametrize("parents", [True, False], ids=["one-statement", "general-path"])
+async def test_two_parents_succeeding_at_once_on_two_nodes_release_the_child_once(pg_dsn: str, parents: bool) -> None:
     """Children of two parents that two nodes complete at the same instant (two connections let go
     together): each child's count reaches zero exactly once, never skipped and never twice: the two
-    completions together released each child once, and every child is claimed once."""
+    completions together released each child once, and every child is claimed once. Either way a
+    success goes: released in its own statement, or by the general path."""
     schema, clock = _schema(), Clock()
     async with _node(pg_dsn, schema, clock, "a") as a, _node(pg_dsn, schema, clock, "b") as b:
         for _ in range(10):
@@ -276,7 +280,7 @@ async def test_two_parents_succeeding_at_once_on_two_nodes_release_the_child_onc
                 with psycopg.connect(pg_dsn, autocommit=True) as conn:
                     barrier.wait()  # noqa: B023 (used within its own iteration)
                     sql.complete(conn, schema, [Succeeded(job.id, job.epoch, None)], clock.now, "x", node,
-                                 settled=settled)  # fmt: skip
+                                 settled=settled, parents=parents)  # fmt: skip
                 return settled
 
             done: list[_flows.Settled] = []
@@ -311,6 +315,111 @@ async def test_a_child_added_while_its_parent_completes_is_never_stranded(pg_dsn
                 nursery.start_soon(add_child)
                 nursery.start_soon(b.complete, [Succeeded(got.id, got.epoch, None)])
         assert set(await _states(a, [c.id for c in children])) == {JobState.READY}
+
+
+def _complete_while_held(
+    dsn: str, schema: str, clock: Clock, job: Job, hold: Callable[[psycopg.Connection[Any]], T]
+) -> tuple[T, list[JobState | None], _flows.Settled]:
+    """Run ``hold(conn)`` in a transaction left open, then complete ``job`` (a success) on a connection of
+    its own, and commit ``hold``'s transaction once the completion waits for a lock it holds: the
+    completion's statement began before that commit, its lock is granted after it. ``(what hold
+    returned, the completion's states, what it settled)``."""
+    settled = _flows.Settled()
+    out: list[list[JobState | None]] = []
+    with (
+        psycopg.connect(dsn) as holder,
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(dsn, autocommit=True) as look,
+    ):
+        holder.execute("SELECT 1")  # the transaction hold's own transaction() nests in (a savepoint)
+        held = hold(holder)
+        pid = conn.info.backend_pid
+
+        def complete() -> None:
+            states, _, _ = sql.complete(conn, schema, [Succeeded(job.id, job.epoch, "r")], clock.now, "x", "b",
+                                        settled=settled, parents=True)  # fmt: skip
+            out.append(states)
+
+        thread = threading.Thread(target=complete)
+        thread.start()
+        try:
+            while True:  # until the completion waits for a lock the holder's transaction holds
+                row = look.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                if row is not None and row[0] == "Lock":
+                    break
+                assert thread.is_alive(), "the completion did not wait for the holder's lock"
+        finally:
+            holder.commit()
+            thread.join()
+    return held, out[0], settled
+
+
+@pytest.mark.parametrize("first_child", [True, False], ids=["first-child", "another-child"])
+async def test_a_child_added_while_the_completion_waits_for_its_parent_is_released(
+    pg_dsn: str, first_child: bool
+) -> None:
+    """An add of a child holds its parent's row while the parent's completion (begun first) waits for
+    it: the child is released all the same, whether the parent had children before or not."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        (parent,) = await a.add([_job()])
+        earlier = [] if first_child else await a.add([_job(parent.id)])
+        (got,) = await a.claim(ClaimRequest(node="a", limit=1, lease=30.0))
+
+        def race() -> tuple[list[Job], list[JobState | None], _flows.Settled]:
+            return _complete_while_held(pg_dsn, schema, clock, got, lambda c: a.add_tx(c, [_job(parent.id)], clock.now))
+
+        added, states, settled = await trio.to_thread.run_sync(race)
+        assert states == [JobState.SUCCEEDED]
+        assert settled.ready == 1 + len(earlier)
+        assert await _states(a, [j.id for j in (*earlier, *added)]) == [JobState.READY] * (1 + len(earlier))
+
+
+async def test_a_child_retried_while_the_completion_waits_for_its_parent_is_released(pg_dsn: str) -> None:
+    """A retry of a cancelled child (it waits again on its running parent) holds the parent's row while
+    the parent's completion waits for it: the child is released."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        (parent,) = await a.add([_job()])
+        (child,) = await a.add([_job(parent.id)])
+        (got,) = await a.claim(ClaimRequest(node="a", limit=1, lease=30.0))
+        await a.cancel(child.id)
+
+        def race() -> tuple[Job, list[JobState | None], _flows.Settled]:
+            return _complete_while_held(
+                pg_dsn, schema, clock, got, lambda c: _admin.retry(c, schema, child.id, clock.now, ("x", "r||1"))
+            )
+
+        retried, states, settled = await trio.to_thread.run_sync(race)
+        assert retried.state is JobState.WAITING
+        assert states == [JobState.SUCCEEDED] and settled.ready == 1
+        assert await _states(a, [child.id]) == [JobState.READY]
+
+
+async def test_a_child_revived_while_the_completion_waits_for_its_other_parent_counts_it(pg_dsn: str) -> None:
+    """A retry of a dead parent revives its child, which waits on its other, running parent too; the
+    revive holds that parent's row while the parent's completion waits for it: the completion counts
+    itself off the child, which the retried parent's success then releases."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        running, dead = await a.add([_job(), _job()])
+        (child,) = await a.add([_job(running.id, dead.id)])
+        claimed = {j.id: j for j in await a.claim(ClaimRequest(node="a", limit=2, lease=30.0))}
+        await a.complete([Failed(dead.id, claimed[dead.id].epoch, "Boom: x", None)])
+        assert (await a.get(child.id)).state is JobState.CANCELLED
+
+        def race() -> tuple[Job, list[JobState | None], _flows.Settled]:
+            return _complete_while_held(
+                pg_dsn, schema, clock, claimed[running.id],
+                lambda c: _admin.retry(c, schema, dead.id, clock.now, ("x", "r||1")),
+            )  # fmt: skip
+
+        retried, states, settled = await trio.to_thread.run_sync(race)
+        assert retried.state is JobState.READY
+        assert states == [JobState.SUCCEEDED] and settled.ready == 0
+        assert await _states(a, [child.id]) == [JobState.WAITING]
+        await _run(a, "a")  # the retried parent
+        assert await _states(a, [child.id]) == [JobState.READY]
 
 
 # ----------------------------------------------------------- the runtime
@@ -417,8 +526,42 @@ async def test_enqueue_tx_rolled_back_leaves_no_child_to_run(pg_dsn: str) -> Non
 
 
 def test_a_success_of_a_job_without_children_is_one_statement() -> None:
-    """The fast completion stays one statement: the parent check is a column of its lock."""
-    conn = Recording(one=([1], None, [], []))
+    """The fast completion stays one statement, unprepared: the parent check is a column of its lock."""
+    conn = Recording(rows=[([1], None, [], [])])
     states, finished, _ = sql.complete(conn, "s", [Succeeded("j1", 1, None)], 1.0, "ch", "n")
     assert states == [JobState.SUCCEEDED] and finished == ["j1"]
-    assert len(conn.sent) == 1
+    assert len(conn.sent) == 1 and conn.prepared == [False]
+
+
+def test_a_success_of_a_parent_releasing_its_children_is_one_statement() -> None:
+    """With ``parents`` a parent's success and its children's release are one statement, its hints in it."""
+    conn = Recording(rows=[([1], None, [], [], 2, [], None)])
+    settled = _flows.Settled()
+    states, finished, _ = sql.complete(conn, "s", [Succeeded("p1", 1, None)], 1.0, "ch", "n", settled=settled,
+                                       parents=True)  # fmt: skip
+    assert states == [JobState.SUCCEEDED] and finished == ["p1"]
+    assert len(conn.sent) == 1 and settled.ready == 2 and settled.parents == 0
+    assert conn.prepared == [True]  # a batch this small: its planning was most of its cost
+    ((query, params),) = conn.sent
+    assert "flow_edges" in query and params["ready"] == "r|n|" and params["finished"] == "f|n|"
+
+
+def _claimed(job_id: str, *after: str) -> Job:
+    return Job(id=job_id, task="t", payload={}, state=JobState.RUNNING, attempts=0, epoch=1, priority=0, key=None,
+               max_attempts=3, run_at=0.0, created_at=0.0, finished_at=None, result=None, error=None,
+               after=after)  # fmt: skip
+
+
+def test_parent_results_kept_with_a_claim_answer_each_child_once() -> None:
+    """Results read with a claim answer each claimed child's parents once (two children of one parent:
+    twice), then are gone; a child whose parents are not all kept is left to a query (``None``); past
+    the bound the oldest parents go."""
+    kept = _handoff.ParentResults(bound=3)
+    kept.keep([_claimed("c1", "p1"), _claimed("c2", "p1", "p2"), _claimed("c3", "gone")], {"p1": 1, "p2": None})
+    assert len(kept) == 2
+    assert kept.take(["p1", "p2"]) == {"p1": 1, "p2": None}
+    assert kept.take(["p2"]) is None and kept.take(["gone"]) is None
+    assert kept.take(["p1"]) == {"p1": 1}
+    assert len(kept) == 0
+    kept.keep([_claimed(f"c{i}", f"p{i}") for i in range(5)], {f"p{i}": i for i in range(5)})
+    assert len(kept) == 3 and kept.take(["p0"]) is None and kept.take(["p4"]) == {"p4": 4}

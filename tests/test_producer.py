@@ -14,7 +14,8 @@ import trio.testing
 
 import trioq
 from trioq import JobState
-from trioq.stores import ClaimRequest, MemoryStore, Outcome, StoreConfig, Succeeded
+from trioq._runtime.producer import Producer
+from trioq.stores import ClaimRequest, MemoryStore, NewJob, Outcome, StoreConfig, Succeeded
 
 
 class _DeafStore(MemoryStore):
@@ -220,3 +221,32 @@ async def test_a_cancel_heard_while_the_claim_is_in_flight_stops_the_job_before_
         await trio.sleep(1.0)
         assert started == []
         assert (await queue.get(job.id)).state is JobState.CANCELLED
+
+
+def _new() -> NewJob:
+    return NewJob("noop", {}, 0, None, 3, 0.0, "default", None, None, (), ())
+
+
+async def test_jobs_handed_to_the_producer_go_to_its_parked_workers() -> None:
+    """``takers()`` is the workers parked for want of a job; jobs a store claimed for the node on its own
+    (``hand_over``) go to them as a claim's would; once stopping it offers none."""
+    store = MemoryStore()
+    async with store.session(StoreConfig(clock=lambda: 0.0, node="n")):
+        producer = Producer(store, node="n", lease=30.0, poll_interval=math.inf)
+        got: list[trioq.Job | None] = []
+
+        async def worker() -> None:
+            got.append(await producer.take())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(worker)
+            await trio.testing.wait_all_tasks_blocked()
+            assert producer.takers() == 3
+            jobs = [attrs.evolve(job, state=JobState.RUNNING) for job in await store.add([_new(), _new()])]
+            producer.hand_over(jobs)
+            assert producer.takers() == 1  # two are spoken for
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == jobs and producer.takers() == 1
+            producer.stop()
+        assert got == [*jobs, None] and producer.takers() == 0

@@ -9,12 +9,13 @@ whatever the split.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 
 from .. import _validate as validate
+from .._model import Job
 from .executor import Executor
 from .pool import WorkerPool
 
@@ -72,6 +73,24 @@ class Pools:
         """The store's hint that ``n`` jobs may have become claimable, for every pool."""
         for pool in self.pools:
             pool.wake(n)
+
+    def takers(self) -> dict[str | None, int]:
+        """``StoreConfig.takers``: how many claimed jobs each pool's parked workers would take at once, by the
+        queue it serves (``None``: every queue); pools with none left out."""
+        out: dict[str | None, int] = {}
+        for pool in self.pools:
+            n = pool.producer.takers()
+            if n:
+                out[None if pool.queues is None else pool.queues[0]] = n
+        return out
+
+    def hand_over(self, jobs: Sequence[Job]) -> None:
+        """``StoreConfig.on_claimed``: each job to the pool serving its queue (the one that serves every queue,
+        else its named queue's)."""
+        for pool in self.pools:
+            mine = [job for job in jobs if pool.queues is None or job.queue in pool.queues]
+            if mine:
+                pool.producer.hand_over(mine)
 
     def cancel_attempt(self, job_id: str, epoch: int) -> None:
         """The store's ``on_cancel`` hint: the pool running that attempt stops it."""

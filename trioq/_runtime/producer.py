@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import math
 import random
+from collections.abc import Sequence
 
 import trio
 
@@ -158,6 +159,19 @@ class Producer:
             self._claimed.extend(jobs[1:])
             self._lot.unpark(count=len(jobs) - 1)
         return jobs[0]
+
+    def takers(self) -> int:
+        """How many claimed jobs the workers parked here would take at once (none once stopping)."""
+        if self.stopping:
+            return 0
+        return max(self._parked - len(self._claimed), 0)
+
+    def hand_over(self, jobs: Sequence[Job]) -> None:
+        """Jobs the store claimed for this node on its own (``StoreConfig.on_claimed``): served as a claim's
+        extras are, each to the next free worker. Once stopping they still wait here, and :meth:`close`
+        gives them back."""
+        self._claimed.extend(jobs)
+        self._lot.unpark(count=len(jobs))
 
     def waiting(self) -> list[Job]:
         """The jobs claimed for workers that have not taken them yet (their leases are renewed too)."""

@@ -151,6 +151,8 @@ class Queue:
             limits=registry.limits.resolve if registry.limits else no_limits,
             fairness=fairness,
             defer_past=max_ready if overflow == "defer" else None,
+            takers=self._pool.takers,
+            on_claimed=self._pool.hand_over,
         )
         self._progress = trio.Event()
         self._joiners = 0

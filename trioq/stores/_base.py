@@ -270,6 +270,14 @@ class StoreConfig:
     the bound is global: every node must open with the same ``N``. A job
     admitted ready counts for ``on_ready``; a deferred job's deadline is
     passed to ``on_scheduled``.
+
+    ``takers()``: how many claimed jobs this node's idle workers would take at
+    once, by named queue (``None``: jobs of any queue), as a claim would ask;
+    ``{}`` when none would. A store may then claim jobs for the node inside a
+    transition that makes them claimable (a parent's success releasing its
+    children), by the rules a claim follows (a new epoch, the node's lease),
+    at most that many, and hand them to ``on_claimed(jobs)``, which runs them
+    as if a claim had returned them. A store that does neither needs neither.
     """
 
     clock: Callable[[], float]
@@ -284,6 +292,8 @@ class StoreConfig:
     limits: Callable[[str], Limit | None] = no_limits
     fairness: Mapping[str, float] | None = None
     defer_past: int | None = None
+    takers: Callable[[], Mapping[str | None, int]] = dict
+    on_claimed: Callable[[Sequence[Job]], None] = lambda jobs: None
 
 
 class IdMaker:

@@ -101,7 +101,7 @@ def retry(conn: Any, s: str, job_id: str, now: float, notify: tuple[str, str], *
         _run(cur, f"SELECT parents FROM {s}.jobs WHERE id = %s", (job_id,))
         first = cur.fetchone()
         parents = list(first[0] or ()) if first is not None else []
-        states = _flows.lock_parents(cur, s, parents, mark=False)
+        states = _flows.lock_parents(cur, s, parents)
         _run(
             cur,
             f"SELECT state, changed_at, attempts, has_children FROM {s}.jobs WHERE id = %s FOR UPDATE",

@@ -9,15 +9,20 @@ succeeded when the child was added. A parent that some job names has
 ``has_children`` set.
 
 Why a parent's end never misses a child added at the same instant: the add
-locks each parent row (``FOR NO KEY UPDATE``, in id order) and writes
-``has_children`` on it before it reads the parent's state; every transition
-that ends a job locks its row first. So either the add locks first (the
-transition waits, then reads ``has_children`` from the row as the add left it,
-and looks for children in a later statement, whose snapshot holds the add's
-rows), or the transition does (the add waits, and reads the parent's end). A
-completion that finds ``has_children`` unset completes in one statement as
-before (``_transitions._succeed_all``): flows cost a job without children one
-column in the lock.
+locks each parent row (``FOR NO KEY UPDATE``, in id order) and writes it
+(``has_children``) before it reads the parent's state; every transition that
+ends a job locks its row first. So either the transition locks first (the add
+waits, and reads the parent's end), or the add does, and the transition's lock
+waits for its commit. A transition's statement reads other rows (the
+children, the edges) as of its start, though, and a statement that began
+before the add committed holds neither the child nor its edge. The success of
+a parent (``_transitions._succeed_all``, one statement with its children's
+release) therefore compares the parent's row as it locked it with the row its
+snapshot holds: the add's write made them differ (a running parent's row is
+written by every add, see :func:`lock_parents`), and such a parent is left to
+the general path, whose later statements see the add's rows. A retry or a
+revive that makes a child wait again on a running parent locks and writes it
+the same way. A job without children costs one column in the lock.
 
 Two parents of one child ending at once on two nodes each decrement the
 child's ``unmet`` in an ``UPDATE``, which locks the child's row: the second
@@ -46,7 +51,17 @@ from ._sql import finished_notice as _finished_notice
 from ._sql import one_row as _row
 from ._sql import run as _run
 
-__all__ = ["Settled", "add", "cascade", "lock_parents", "release", "results", "revive", "settle", "unknown_parent"]
+__all__ = [
+    "Settled",
+    "add",
+    "cascade",
+    "lock_parents",
+    "release",
+    "results",
+    "revive",
+    "settle",
+    "unknown_parent",
+]
 
 #: Tries of a flow add that met a concurrent add of one of its keys (each try in a savepoint).
 _KEY_TRIES = 5
@@ -56,17 +71,26 @@ _ENDED = ("dead", "cancelled")
 @attrs.define
 class Settled:
     """What the moves of children did in one transition: jobs made ready (their NOTIFY went out in the
-    transition), the ``run_at`` of each made scheduled, and the ids of those cancelled (announced as
-    finished in the transition too)."""
+    transition), the ``run_at`` of each made scheduled, the ids of those cancelled (announced as
+    finished in the transition too), how many parents' ends :func:`settle` moved children for, and the
+    children claimed for the node."""
 
     ready: int = 0
     scheduled: list[float] = attrs.Factory(list)
     cancelled: list[str] = attrs.Factory(list)
+    parents: int = 0
+    #: Children claimed for the completing node in the transition (see ``_handoff.Take``), best first, and
+    #: their parents' results (``{parent id: result}``, as :func:`results` answers).
+    claimed: list[Job] = attrs.Factory(list)
+    results: dict[str, Any] = attrs.Factory(dict)
 
     def __iadd__(self, other: Settled) -> Settled:
         self.ready += other.ready
         self.scheduled += other.scheduled
         self.cancelled += other.cancelled
+        self.parents += other.parents
+        self.claimed += other.claimed
+        self.results.update(other.results)
         return self
 
 
@@ -79,20 +103,23 @@ def unknown_parent(parent_id: str, field: str = "after") -> InvalidJob:
     )
 
 
-def lock_parents(cur: Any, s: str, ids: Sequence[str], *, mark: bool = True) -> dict[str, str]:
-    """Lock the rows of ``ids`` (``FOR NO KEY UPDATE``, in id order) and, with ``mark``, set their
-    ``has_children``; each found id's state (an id missing is left out)."""
+def lock_parents(cur: Any, s: str, ids: Sequence[str]) -> dict[str, str]:
+    """Lock the rows of ``ids`` (``FOR NO KEY UPDATE``, in id order) and write each that is running or not
+    yet marked (``has_children`` set); each found id's state (an id missing is left out).
+
+    The write gives a running parent's row a new version: a completion whose statement began before
+    this transaction commits sees that its lock got a newer row than its snapshot holds, and leaves the
+    parent to the general path (see the module docstring). A parent in any other state cannot be
+    claimed (nor completed) until this transaction ends: no claim takes a locked row.
+    """
     if not ids:
         return {}
-    mark_sql = (
-        f", m AS (UPDATE {s}.jobs j SET has_children = true FROM lk WHERE j.id = lk.id AND lk.has_children IS NULL)"
-        if mark
-        else ""
-    )
     _run(
         cur,
-        f"WITH lk AS (SELECT id, state, has_children FROM {s}.jobs WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE)"
-        f"{mark_sql} SELECT id, state FROM lk",
+        f"WITH lk AS (SELECT id, state, has_children FROM {s}.jobs WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE),"
+        f" m AS (UPDATE {s}.jobs j SET has_children = true FROM lk WHERE j.id = lk.id"
+        "  AND (lk.has_children IS NULL OR lk.state = 'running'))"
+        " SELECT id, state FROM lk",
         (sorted(set(ids)),),
     )
     return dict(cur.fetchall())
@@ -341,6 +368,7 @@ def settle(
     transaction): ``succeeded`` ids release their children (:func:`release`), ``ended`` ``(id, 'dead' or
     'cancelled')`` cancel theirs, down the flow (:func:`cascade`). Adds to ``done`` (or a new one)."""
     done = Settled() if done is None else done
+    done.parents += len(succeeded) + len(ended)
     if succeeded:
         release(cur, s, now, channel, node, succeeded, done)
     if ended:
@@ -419,7 +447,7 @@ def revive(cur: Any, s: str, now: float, parent: str) -> list[str]:
         found = cur.fetchall()
         if not found:
             break
-        states = lock_parents(cur, s, sorted({p for _, _, ps in found for p in ps or ()}), mark=False)
+        states = lock_parents(cur, s, sorted({p for _, _, ps in found for p in ps or ()}))
         ids: list[str] = []
         was: list[str] = []
         new_state: list[str] = []

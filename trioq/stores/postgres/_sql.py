@@ -1,6 +1,6 @@
 """What every module of SQL transitions shares: cursors, unprepared statements, the finished hint.
 
-Statements run through :func:`run`, never prepared (see ``_transitions``), on
+Statements run through :func:`run`, unprepared but for one (see ``_transitions``), on
 cursors that give tuples whatever row factory the connection (maybe the
 caller's, for ``enqueue_tx``) has.
 """
@@ -26,9 +26,10 @@ def cursor(conn: Any) -> Any:
     return conn.cursor(row_factory=tuple_row)
 
 
-def run(cur: Any, query: str, params: Any = None) -> Any:
-    """Execute ``query`` on ``cur`` unprepared; returns ``cur``."""
-    cur.execute(query, params, prepare=False)
+def run(cur: Any, query: str, params: Any = None, *, prepare: bool = False) -> Any:
+    """Execute ``query`` on ``cur``, unprepared unless ``prepare`` (on a pooled connection: see
+    ``_transitions._succeed_all`` for the one statement that is); returns ``cur``."""
+    cur.execute(query, params, prepare=prepare)
     return cur
 
 
@@ -48,10 +49,12 @@ def not_found(job_id: object) -> JobNotFound:
     return JobNotFound(f"no job with id {job_id!r:.80} (never enqueued, or evicted after retention)")
 
 
-def finished_notice(done: str) -> str:
+def finished_notice(done: str, *, named: bool = False) -> str:
     """SQL of a ``pg_notify(%s, %s || ids)``: the ``f|node|ids`` hint for the ids of CTE ``done`` (none if it
-    is empty); its two parameters are the channel and ``"f|node|"``."""
+    is empty); its two parameters are the channel and ``"f|node|"`` (``named``: ``%(channel)s`` and
+    ``%(finished)s``)."""
+    channel, prefix = ("%(channel)s", "%(finished)s") if named else ("%s", "%s")
     return (
-        f"(SELECT pg_notify(%s, %s || CASE WHEN sum(length(id) + 1) <= {NOTIFY_IDS}"
+        f"(SELECT pg_notify({channel}, {prefix} || CASE WHEN sum(length(id) + 1) <= {NOTIFY_IDS}"
         f" THEN string_agg(id, ',') ELSE '*' END) FROM {done} HAVING count(*) > 0)"
     )

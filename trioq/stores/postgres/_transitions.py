@@ -11,7 +11,12 @@ nodes.
 Every limit a statement carries is a literal (a parameterised ``LIMIT``
 planned a sequential scan at a large backlog), and nothing is prepared (a
 prepared completion got a generic nested-loop plan): ``enqueue_tx`` runs these
-on the caller's connection, whatever its settings.
+on the caller's connection, whatever its settings. One exception: the success
+statement that also releases children (:func:`_succeed_all`, flows in use),
+for a batch of at most :data:`PREPARED_BATCH` jobs, on the store's own pooled
+connections: planning its CTEs over the jobs table's indexes took 2 ms of its
+3.5 (loaded 2-core VM), and for a few jobs the generic plan (nested loops over
+ids) is the one a custom plan finds.
 
 A call whose connection broke may be tried again after its first try
 committed unseen (``retried``): each transition then recognises its own
@@ -47,7 +52,7 @@ from ..._model import (
     storable_text,
 )
 from .._base import Failed, NewJob, Outcome, Released, Snoozed, Succeeded, no_limits
-from . import _fair, _flows, _limits
+from . import _fair, _flows, _handoff, _limits
 from ._admin import cancel, pause, paused, resume, retry
 from ._rows import COLUMNS, WIDTH, encode_errors, encode_limits, encode_result, job_from_row, loads
 from ._sql import NOTIFY_IDS as _NOTIFY_IDS
@@ -65,6 +70,7 @@ __all__ = [
     "add",
     "cancel",
     "claim",
+    "claimed_with",
     "complete",
     "counts",
     "evict",
@@ -89,6 +95,8 @@ __all__ = [
 _STATE_NAMES = tuple(state.value for state in JobState)
 #: Outcomes applied per statement (a larger batch is split, in order).
 MAX_BATCH = 500
+#: Success batches of at most this many jobs are completed by a prepared statement when flows are in use.
+PREPARED_BATCH = 8
 #: Batches of at least this many jobs, none with a key, are inserted with COPY (faster than INSERT
 #: past a few hundred rows; it cannot skip a conflicting key).
 _COPY_FROM = 200
@@ -366,11 +374,9 @@ def claim(
     """
     with _cur(conn) as cur:
         if recover:
-            _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = 'running' AND node = %s AND claim = %s",
-                 (node, token))  # fmt: skip
-            recovered = [job_from_row(row) for row in cur.fetchall()]
+            recovered = claimed_with(conn, s, node, token)
             if recovered:
-                return Claimed(sorted(recovered, key=lambda job: (-job.priority, job.run_at)), None)
+                return Claimed(recovered, None)
         if lease_until is not None:
             _run(
                 cur,
@@ -441,6 +447,15 @@ def claim(
     rows = [row for row in rows if row[0] is not None]
     rows.sort(key=lambda row: (-row[6], row[9], row[WIDTH]))
     return Claimed([job_from_row(row) for row in rows], next_deadline if rows else None)
+
+
+def claimed_with(conn: Any, s: str, node: str, token: str) -> list[Job]:
+    """The jobs ``node`` runs under claim ``token`` (a claim's, or a success's that claimed children), best
+    first: what a try whose first try committed unseen finds."""
+    with _cur(conn) as cur:
+        _run(cur, f"SELECT {COLUMNS} FROM {s}.jobs WHERE state = 'running' AND node = %s AND claim = %s",
+             (node, token))  # fmt: skip
+        return sorted((job_from_row(row) for row in cur.fetchall()), key=lambda job: (-job.priority, job.run_at))
 
 
 def _pick(
@@ -514,6 +529,8 @@ def complete(
     retried: bool = False,
     freed: set[str] | None = None,
     settled: _flows.Settled | None = None,
+    parents: bool = False,
+    take: _handoff.Take | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float]]:
     """Apply ``outcomes`` in order; ``(states, ids of the jobs finished, run_at of each job scheduled again)``.
 
@@ -521,10 +538,14 @@ def complete(
     locks its jobs' rows (in id order), applies each outcome as the in-process
     table would, and writes the rows back. Both announce the jobs they
     finished to every node (``f|node|ids``) as they commit. ``freed`` gets the limit keys of the
-    attempts that ended (their slots are free: see :func:`_limits.unpark`). A job that is a parent
-    (``has_children``) is completed by the second way, whose transaction also moves its children
-    (:func:`._flows.settle`; ``settled`` gets what it did, and the ids it cancelled are among the
-    jobs finished).
+    attempts that ended (their slots are free: see :func:`_limits.unpark`). The moves of a parent's
+    children (``has_children``) are made in the same transaction (``settled`` gets what they did, and
+    the ids they cancelled are among the jobs finished). With ``parents`` (the caller expects parents
+    among the successes), a parent's success releases them in the statement that completes it (see
+    :func:`_succeed_all`); any other outcome of a parent, and a success the statement left, takes the
+    second way (:func:`._flows.settle`, which counts them in ``settled.parents``). ``take`` (with
+    ``parents``): children that statement may claim for ``node`` (``settled.claimed``; a batch split for
+    its size claims none).
     """
     if len(outcomes) > MAX_BATCH:  # bounded statements: one slow batch must not grow the next
         states: list[JobState | None] = []
@@ -533,7 +554,7 @@ def complete(
         for start in range(0, len(outcomes), MAX_BATCH):
             part = complete(
                 conn, s, outcomes[start : start + MAX_BATCH], now, channel, node, retried=retried, freed=freed,
-                settled=settled,
+                settled=settled, parents=parents,
             )  # fmt: skip
             states += part[0]
             finished += part[1]
@@ -541,30 +562,45 @@ def complete(
         return states, finished, scheduled
     ids = [o.job_id for o in outcomes]
     if not retried and all(type(o) is Succeeded for o in outcomes) and len(set(ids)) == len(ids):
-        fast = _succeed_all(conn, s, outcomes, now, channel, node, freed)  # type: ignore[arg-type]
+        fast = _succeed_all(conn, s, outcomes, now, channel, node, freed, settled, parents, take)  # type: ignore[arg-type]
         if fast is not None:
-            states, finished, scheduled, parents = fast
-            if not parents:
+            states, finished, scheduled, left = fast
+            if not left:
                 return states, finished, scheduled
             # The parents among them were left running: completed with their children's moves.
-            rest = [outcomes[i] for i in parents]
+            rest = [outcomes[i] for i in left]
             more = _apply_all(conn, s, rest, now, channel, node, False, freed, settled)
-            for i, state in zip(parents, more[0], strict=True):
+            for i, state in zip(left, more[0], strict=True):
                 states[i] = state
             return states, finished + more[1], scheduled + more[2]
     return _apply_all(conn, s, outcomes, now, channel, node, retried, freed, settled)
 
 
 def _succeed_all(
-    conn: Any, s: str, outcomes: Sequence[Succeeded], now: float, channel: str, node: str, freed: set[str] | None
+    conn: Any,
+    s: str,
+    outcomes: Sequence[Succeeded],
+    now: float,
+    channel: str,
+    node: str,
+    freed: set[str] | None,
+    settled: _flows.Settled | None,
+    parents: bool,
+    take: _handoff.Take | None = None,
 ) -> tuple[list[JobState | None], list[str], list[float], list[int]] | None:
     """Succeed distinct jobs in one statement; ``None`` when a result is unstorable (the general path fails it).
 
-    Rows are locked in id order first; finish order (what retention evicts by)
-    is the outcomes' order. A job whose locked row says it is a parent (``has_children``) is left
-    running: the last item is the indexes of those outcomes, for the caller to complete by the general
-    path, which moves the children in the same transaction (the row as locked is the one an add of a
-    child wrote, see ``_flows``).
+    Rows are locked in id order first; finish order (what retention evicts by) is the outcomes' order.
+    A job whose locked row says it is a parent (``has_children``) is left running, for the caller to
+    complete by the general path (the last item: the indexes of those outcomes), unless ``parents``:
+    then the statement releases its waiting children too (see :func:`_flows.release`; the ready ones
+    announced, ``r|node|n``, as it commits; ``settled`` gets the counts). Even so, a parent whose row
+    changed after the statement's snapshot was taken is left running: an add (or a retry, or a
+    revive) that made a child wait on it may have committed since, and the children this snapshot
+    holds are not all of them (``_flows`` explains why each of those writes the parent's row); the
+    general path's later statements see them. Without ``parents`` the statement is the smaller one
+    (planning the release costs about as much again). ``take`` (with ``parents``): children it may
+    claim for ``node`` as it releases them (``settled.claimed``; see :class:`._handoff.Take`).
     """
     results: list[str | None] = []
     for o in outcomes:
@@ -572,30 +608,67 @@ def _succeed_all(
             results.append(encode_result(o.result))
         except InvalidJob:
             return None
+    if parents:
+        # The parents as the snapshot holds them (no lock), and what this statement completes: every
+        # row unchanged since the snapshot, or no parent.
+        chosen = (
+            f" sn AS (SELECT j.id, j.xmin AS x FROM {s}.jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM lk"
+            "   WHERE has_children))),"
+            " ok AS (SELECT lk.* FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children IS NULL OR sn.x = lk.x),"
+        )
+        completed = "ok"
+        release, released, joined = _handoff.release_sql(s, take)
+        release = "," + release
+        left = (
+            "ARRAY(SELECT lk.ord FROM lk LEFT JOIN sn ON sn.id = lk.id WHERE lk.has_children"
+            " AND sn.x IS DISTINCT FROM lk.x ORDER BY lk.ord)"
+        )
+    else:  # the statement a store without flows always sent
+        chosen = ""
+        completed = "lk WHERE has_children IS NULL"
+        release = released = joined = ""
+        left = "ARRAY(SELECT ord FROM lk WHERE has_children ORDER BY ord)"
+    params: dict[str, Any] = {
+        "ids": [o.job_id for o in outcomes], "epochs": [o.epoch for o in outcomes], "results": results,
+        "now": now, "channel": channel, "finished": f"f|{node}|", "ready": f"r|{node}|",
+    }  # fmt: skip
+    if take is not None:
+        params.update(
+            node=node, token=take.token, take_queues=list(take.queues or ("",)), take_counts=list(take.counts)
+        )
+    summary = (
+        f"SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done', named=True)},"
+        f" ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) k), {left}{released}"
+    )
     with _cur(conn) as cur:
         _run(
             cur,
-            "WITH u AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) WITH ORDINALITY"
-            "   AS u(id, epoch, result, ord)),"
+            "WITH u AS (SELECT * FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(results)s::text[])"
+            "   WITH ORDINALITY AS u(id, epoch, result, ord)),"
             # Lock the attempts' rows, in id order; what this finds is what the update changes (a
-            # semi-join of the batch against this CTE had no index: quadratic in the batch).
-            f" lk AS (SELECT j.id, u.result, u.ord, j.has_children FROM {s}.jobs j JOIN u ON j.id = u.id"
-            "   AND j.epoch = u.epoch WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j),"
-            f" s AS (SELECT o.id, o.result, o.ord, nextval('{s}.finish_seq') AS fseq"
-            "   FROM (SELECT * FROM lk WHERE has_children IS NULL ORDER BY ord) o),"
+            # semi-join of the batch against this CTE had no index: quadratic in the batch). A row
+            # written since the snapshot is locked as it is now (its newest version, its own xmin).
+            f" lk AS (SELECT j.id, u.result, u.ord, j.has_children{', j.xmin AS x' if parents else ''}"
+            f"   FROM {s}.jobs j JOIN u ON j.id = u.id AND j.epoch = u.epoch WHERE j.state = 'running'"
+            "   ORDER BY j.id FOR UPDATE OF j),"
+            f"{chosen}"
+            f" s AS (SELECT o.id, o.result, o.ord{', o.has_children' if parents else ''},"
+            f"   nextval('{s}.finish_seq') AS fseq FROM (SELECT * FROM {completed} ORDER BY ord) o),"
             f" done AS (UPDATE {s}.jobs j SET state = 'succeeded', attempts = j.attempts + 1,"
-            "   result = s.result::json, error = NULL, finished_at = %s, finish_seq = s.fseq, node = NULL,"
-            "   changed_at = %s"
-            "   FROM s WHERE j.id = s.id RETURNING s.ord, j.id, j.limits)"
-            f" SELECT ARRAY(SELECT ord FROM done ORDER BY ord), {_finished_notice('done')},"
-            " ARRAY(SELECT DISTINCT k FROM done, unnest(done.limits) k),"
-            " ARRAY(SELECT ord FROM lk WHERE has_children ORDER BY ord)",
-            ([o.job_id for o in outcomes], [o.epoch for o in outcomes], results, now, now, channel, f"f|{node}|"),
+            "   result = s.result::json, error = NULL, finished_at = %(now)s, finish_seq = s.fseq, node = NULL,"
+            "   changed_at = %(now)s"
+            f"   FROM s WHERE j.id = s.id RETURNING s.ord, j.id, j.limits){release}"
+            + (f" SELECT * FROM ({summary}) sm{joined}" if joined else f" {summary}"),
+            params,
+            prepare=parents and len(outcomes) <= PREPARED_BATCH,
         )
-        row = _row(cur)
+        rows = cur.fetchall()
+    row = rows[0]  # the statement always returns a row (with children claimed: one per child)
     done = set(row[0])
     if freed is not None:
         freed.update(row[2])
+    if parents and settled is not None:
+        settled.results.update(_handoff.released(rows, 4, settled))
     states: list[JobState | None] = [JobState.SUCCEEDED if i + 1 in done else None for i in range(len(outcomes))]
     return states, [outcomes[i - 1].job_id for i in sorted(done)], [], [i - 1 for i in row[3]]
 

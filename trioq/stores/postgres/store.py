@@ -37,7 +37,7 @@ from .._base import (
     no_limits,
 )
 from ..table.store import _checked
-from . import _admin, _cron, _defer, _flows, _limits, _listing
+from . import _admin, _cron, _defer, _flows, _handoff, _limits, _listing
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
@@ -73,6 +73,9 @@ _RATE_SWEEP_MARGIN = 600.0
 #: tenants, and compiling it took 150 ms of a statement that runs in 0.3 ms. No statement of trioq's
 #: runs long enough to gain from it.
 _PLANNER = "-c enable_bitmapscan=off -c jit=off"
+#: The pool's ``prepare_threshold``: a statement is prepared only when its call asks (``prepare=True``, see
+#: ``_transitions.PREPARED_BATCH``); ``None`` would refuse even that, and every other call says ``prepare=False``.
+_PREPARE_ASKED = 2**31 - 1
 #: libpq's TCP keepalives: a connection whose peer went silent fails within about 40 s.
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 6}
 
@@ -202,6 +205,12 @@ class PostgresStore:
         #: When evict() next sweeps the run-out rate states (wall clock).
         self._next_rate_sweep = -math.inf
         self._claim_queues: tuple[object, list[str] | None] = (None, None)
+        #: Whether a success may complete a parent (one has, or this store added a child): completions then
+        #: use the statement that also releases children (see ``_transitions._succeed_all``); without
+        #: flows, the smaller one.
+        self._parents = False
+        #: The results of the parents of the jobs this store claimed, until their children ask (``results``).
+        self._parent_results = _handoff.ParentResults()
         self._last_notify = -math.inf
         self._pending_ready = 0
         self._notify_wanted: trio.Event | None = None
@@ -280,7 +289,7 @@ class PostgresStore:
             self.dsn,
             min_size=1,
             max_size=self.max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": None, "options": _PLANNER, **_KEEPALIVES},
+            kwargs={"autocommit": True, "prepare_threshold": _PREPARE_ASKED, "options": _PLANNER, **_KEEPALIVES},
             open=False,
             name=f"trioq-{self.schema}",
         )
@@ -540,6 +549,7 @@ class PostgresStore:
         config = self._open()
         now = config.clock()
         notify = (self.channel, f"r|{config.node}|")
+        self._parents = True
         out, inserted = await self._call(_flows.add, rows, now, max_pending, config.defer_past, notify, retried=True)
         ready = 0
         for job, new in zip(out, inserted, strict=True):
@@ -586,6 +596,7 @@ class PostgresStore:
         if len(rows) > 1 and any(job.key is not None for _, job, _ in rows):
             _key_clash(conn, self.schema, rows)  # as add: before anything goes in the caller's transaction
         if any(job.after for _, job, _ in rows):  # parents: locked in the caller's transaction (see _flows)
+            self._parents = True  # a plain flag: any thread
             out, inserted = _flows.add(conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"))
             if any(job.deadline is not None for _, job, _ in rows):
                 self._deadlines_used = True
@@ -680,6 +691,7 @@ class PostgresStore:
         fair, defer = config.fairness, config.defer_past
         admitted = _defer.Admitted()
         clock = _thread_clock(config.clock)
+        found: dict[str, Any] = {}
 
         def claim_jobs(conn: Any, schema: str) -> sql.Claimed:
             nonlocal late
@@ -702,10 +714,15 @@ class PostgresStore:
                 probe = promoted[0].next_deadline is not None
             # The room the claim makes is filled in its own transaction.
             claimed, admitted = _defer.admitting(conn, schema, defer, now, fair, lambda: claim_jobs(conn, schema))
+            parents = sorted({p for job in claimed for p in job.after})
+            if parents:  # ctx.parents, read in this call: the children start without another hop
+                found.update(_flows.results(conn, schema, parents))
             return claimed
 
         claim.__name__ = "claim"
         claimed = await self._call(claim)
+        if found:
+            self._parent_results.keep(claimed, found)
         if promoted is not None:
             self._promoted(*promoted)
         if late:
@@ -764,10 +781,25 @@ class PostgresStore:
                 raise TypeError(f"not a trioq.stores outcome: {type(o).__name__}")
             named.append(_usable_id(o.job_id) and _usable_epoch(o.epoch))
         usable = [o for o, ok in zip(outcomes, named, strict=True) if ok]
+        take = self._take(now) if self._parents else None
+        handed: set[tuple[str, int]] = set()
+
+        def hand_over(settled: _flows.Settled) -> None:
+            """Children claimed for this node as their parents succeeded (in trio, from the call's thread,
+            before it goes on to the limit keys' unpark): to the workers, each once."""
+            jobs = [job for job in settled.claimed if (job.id, job.epoch) not in handed]
+            handed.update((job.id, job.epoch) for job in jobs)
+            if jobs:
+                self._parent_results.keep(jobs, settled.results)
+                config.on_claimed(jobs)
+
         states, snapshots, scheduled, unparked, settled = await self._call(
             _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
-            retried=True,
+            self._parents, take, _early(hand_over) if take is not None else None, retried=True,
         )  # fmt: skip
+        if settled.parents:
+            self._parents = True  # flows are in use: successes release children in their own statement
+        hand_over(settled)  # (the call handed them over already, unless a retry found more)
         answers = iter(states)
         out = [next(answers) if ok else None for ok in named]
         ready = sum(1 for state in out if state is _READY) + unparked
@@ -780,6 +812,23 @@ class PostgresStore:
             config.on_ready(settled.ready)
         self._local_finished(snapshots)
         return out
+
+    def _take(self, now: float) -> _handoff.Take | None:
+        """What a success may claim of the children it releases, for this node's idle workers
+        (``StoreConfig.takers``); ``None`` with fair claims (their order is the fair claim's to decide), or
+        while the node's lease is not known to last (a claim renews it first)."""
+        config = self._open()
+        if config.fairness is not None or self._lease_until < now + self.lease / 2:
+            return None
+        wanted = {queue: n for queue, n in config.takers().items() if n > 0}
+        if not wanted:
+            return None
+        self._claims += 1
+        keyed = config.limits is not no_limits
+        if None in wanted:  # one pool serves every queue
+            return _handoff.Take(None, (wanted[None],), f"{self._claims}", keyed)
+        queues = sorted(q for q in wanted if q is not None)
+        return _handoff.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
 
     async def rescue(self) -> int:
         config = self._open()
@@ -937,9 +986,10 @@ class PostgresStore:
         (never added, evicted, or not a possible id), or whose job has not succeeded, is left out."""
         self._open()
         wanted = sorted({job_id for job_id in ids if _usable_id(job_id)})
-        if not wanted:
+        kept = self._parent_results.take(wanted) if wanted and self._parent_results else None
+        if kept is not None or not wanted:  # read with the claim of the job asking (see ParentResults)
             await trio.lowlevel.checkpoint()
-            return {}
+            return kept or {}
         return await self._call(_flows.results, wanted)
 
     async def jobs(self, states: Collection[JobState], *, limit: int = 100) -> list[Job]:
@@ -1024,22 +1074,46 @@ def _complete(
     watched: Any,
     limit_of: Callable[[str], Limit | None],
     fair: Mapping[str, float] | None = None,
+    parents: bool = False,
+    take: _handoff.Take | None = None,
+    early: Callable[[_flows.Settled], None] | None = None,
     *,
     retried: bool = False,
 ) -> tuple[list[JobState | None], list[Job], list[float], int, _flows.Settled]:
-    """``complete`` in one worker thread: the outcomes applied, then the snapshots of the watched jobs that
-    finished (read at once: only the leader's eviction may drop them; children a parent's end cancelled
-    among them); the run times of jobs scheduled; how many jobs parked on the limit keys of the attempts
-    that ended were let go; and what the parents' ends did to their children."""
+    """``complete`` in one worker thread: the outcomes applied (``parents``, ``take``: as ``sql.complete``'s),
+    then the snapshots of the watched jobs that finished (read at once: only the leader's eviction may drop
+    them; children a parent's end cancelled among them); the run times of jobs scheduled; how many jobs
+    parked on the limit keys of the attempts that ended were let go; and what the parents' ends did to
+    their children (with the children claimed, and their parents' results).
+
+    ``early(settled)`` is called as soon as children were claimed (they are committed), before the limit
+    keys are unparked: a child need not wait for that. A try after a broken connection finds the
+    children its first try claimed, if that try committed."""
     freed: set[str] = set()
     settled = _flows.Settled()
     states, finished, scheduled = sql.complete(
-        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled
-    )
+        conn, schema, outcomes, now, channel, node, retried=retried, freed=freed, settled=settled, parents=parents,
+        take=take,
+    )  # fmt: skip
+    if retried and take is not None:
+        settled.claimed = sql.claimed_with(conn, schema, node, take.token)
+        parent_ids = sorted({p for job in settled.claimed for p in job.after})
+        settled.results = _flows.results(conn, schema, parent_ids) if parent_ids else {}
+    if settled.claimed and early is not None:
+        early(settled)
     unparked = _limits.unpark(conn, schema, freed, limit_of, fair)
     wanted = [job_id for job_id in finished if job_id in watched]
     snapshots = sql.watched_terminal(conn, schema, wanted) if wanted else []
     return states, snapshots, scheduled, unparked, settled
+
+
+def _early(hand_over: Callable[[_flows.Settled], None]) -> Callable[[_flows.Settled], None]:
+    """``hand_over``, called from a worker thread of this trio run (``_complete``'s ``early``)."""
+
+    def early(settled: _flows.Settled) -> None:
+        trio.from_thread.run_sync(hand_over, settled)
+
+    return early
 
 
 def _cancel(
