@@ -1,0 +1,188 @@
+"""The soak's child processes: ``trioq worker`` nodes (PostgreSQL) or one ``trioq serve`` (WAL).
+
+:class:`Fleet` keeps ``size`` children alive: it starts them, watches them
+(every exit is an ``exit`` event with its code; an exit the chaos did not ask
+for is counted in ``unexpected_exits``), starts a new one in place of each that
+ended, and stops them all at the end (SIGTERM, then SIGKILL past a grace).
+Every signal it sends is logged before it is sent, so the verdict can match
+an execution cut off by a SIGKILL to the kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+
+__all__ = ["Events", "Fleet", "rss_kb"]
+
+_ROOT = Path(__file__).resolve().parent.parent.parent
+START_TIMEOUT = 60.0
+BANNER = re.compile(r"(trioq serving on (http://\S+)|trioq worker (\S+):)")
+
+
+class Events:
+    """The harness's own log (``events.jsonl``): one JSON line per act or sighting, flushed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] = path.open("a")
+        self.lines: list[dict[str, Any]] = []
+
+    def __call__(self, ev: str, **fields: Any) -> dict[str, Any]:
+        line = {"t": time.time(), "ev": ev, **fields}
+        self.lines.append(line)
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        return line
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def rss_kb(pid: int) -> int | None:
+    """The resident set of ``pid`` in KiB, from ``/proc``; ``None`` once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return None
+
+
+class Child:
+    """One started process; its stdout and stderr go to ``logs/<pid>.log``."""
+
+    def __init__(self, command: list[str], env: dict[str, str], logs: Path) -> None:
+        from tests.processes import read_until
+
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=_ROOT)
+        self.pid = self.process.pid
+        self.log = logs / f"{self.pid}.log"
+        self.signalled: str | None = None  # "kill" / "term" once the harness sent one
+        started = time.monotonic()
+        match, buffer = read_until(self.process, BANNER, START_TIMEOUT)
+        self.start_s = time.monotonic() - started
+        self.log.write_bytes(buffer)
+        if match is None:
+            self.process.kill()
+            self.process.wait()
+            raise RuntimeError(f"{command[:3]} did not start in {START_TIMEOUT:.0f} s: {buffer[-2000:]!r}")
+        self.url = match.group(2)
+        self._drain: IO[bytes] | None = self.process.stdout
+
+    def pump(self) -> None:
+        """Move what the child wrote since the last call to its log file (never blocks)."""
+        if self._drain is None:
+            return
+        try:
+            chunk = os.read(self._drain.fileno(), 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            with self.log.open("ab") as file:
+                file.write(chunk)
+
+
+class Fleet:
+    """``size`` children made by ``command()``, each replaced when it ends until :meth:`stop`."""
+
+    def __init__(
+        self, command: Callable[[], list[str]], env: dict[str, str], size: int, logs: Path, events: Events
+    ) -> None:
+        self.command = command
+        self.env = env
+        self.size = size
+        self.logs = logs
+        self.events = events
+        self.children: list[Child] = []
+        self.unexpected_exits: list[dict[str, Any]] = []
+        self.term_exit_codes: list[int] = []
+        self.start_seconds: list[float] = []
+        self.keep_alive = True
+        self.respawn_delay = 0.5
+
+    async def spawn(self) -> Child:
+        child = await trio.to_thread.run_sync(Child, self.command(), self.env, self.logs)
+        self.children.append(child)
+        self.start_seconds.append(child.start_s)
+        self.events("spawn", pid=child.pid, start_s=round(child.start_s, 3))
+        return child
+
+    async def start(self) -> None:
+        for _ in range(self.size):
+            await self.spawn()
+
+    def signal(self, child: Child, how: str) -> None:
+        """Send SIGKILL (``how="kill"``) or SIGTERM (``"term"``), logged first."""
+        if child.process.poll() is not None:
+            return
+        child.signalled = child.signalled or how
+        self.events(how, pid=child.pid)
+        child.process.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
+
+    def live(self) -> list[Child]:
+        return [c for c in self.children if c.process.poll() is None and c.signalled is None]
+
+    async def watch(self) -> None:
+        """Forever: log each exit, count the unexpected ones, and start a replacement while ``keep_alive``."""
+        while True:
+            for child in list(self.children):
+                child.pump()
+                code = child.process.poll()
+                if code is None:
+                    continue
+                self.children.remove(child)
+                child.pump()
+                self.events("exit", pid=child.pid, code=code, signalled=child.signalled)
+                if child.signalled == "term":
+                    self.term_exit_codes.append(code)
+                elif child.signalled is None:
+                    self.unexpected_exits.append({"pid": child.pid, "code": code, "log": str(child.log)})
+                if self.keep_alive:
+                    await trio.sleep(self.respawn_delay)
+                    await self.spawn()
+            await trio.sleep(0.1)
+
+    async def settle(self, timeout: float) -> None:
+        """Until ``size`` children run and none is on its way out (or ``timeout`` passes)."""
+        with trio.move_on_after(timeout):
+            # polled: a child's exit is seen by watch(), which has no event to wait on either
+            while len(self.live()) < self.size or len(self.children) > self.size:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+
+    async def stop(self, grace: float) -> list[int]:
+        """SIGTERM every child, SIGKILL what is left after ``grace`` s; their exit codes."""
+        self.keep_alive = False
+        codes = []
+        for child in list(self.children):
+            self.signal(child, "term")
+        for child in list(self.children):
+            try:
+                code = await trio.to_thread.run_sync(child.process.wait, grace)
+            except subprocess.TimeoutExpired:
+                self.signal(child, "kill")
+                code = await trio.to_thread.run_sync(child.process.wait)
+            child.pump()
+            self.events("exit", pid=child.pid, code=code, signalled="term", final=True)
+            codes.append(code)
+            self.children.remove(child)
+        return codes
+
+    def kill_all(self) -> None:
+        """Last resort on the way out: SIGKILL whatever still runs (never leaves a process behind)."""
+        for child in self.children:
+            if child.process.poll() is None:
+                child.process.kill()
+                child.process.wait()
