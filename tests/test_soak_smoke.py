@@ -1,0 +1,58 @@
+"""A 60-second run of the chaos soak (``benchmarks/soak/``) on PostgreSQL, as a user runs it.
+
+Two ``trioq worker`` processes on a throwaway cluster, SIGKILLs and SIGTERMs
+about every 8 s, one server restart: the verdict (from the handlers' side
+journal, not the store's counters) must be clean, so a regression in recovery
+cannot land unseen. The long runs are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.pgcluster import DSN_ENV, find_bindir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def _no_postgres(why: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"PostgreSQL is required under CI: {why}")
+    pytest.skip(why)
+
+
+def test_soak_smoke_postgres(tmp_path: Path) -> None:
+    if find_bindir() is None and not os.environ.get(DSN_ENV):
+        _no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
+    command = [sys.executable, "-m", "benchmarks.soak", "--store", "postgres", "--duration", "60s"]
+    command += ["--rate", "30", "--workers", "2", "--slots", "8", "--kill-every", "8", "--slow-seconds", "6"]
+    command += ["--db-restart-every", "35", "--drain-timeout", "90", "--out", str(tmp_path / "run"), "--no-save"]
+    if os.environ.get(DSN_ENV):
+        command += ["--dsn", os.environ[DSN_ENV]]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON line from the soak (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    line = json.loads(lines[-1])
+    verdict = line["verdict"]
+    detail = f"{proc.stderr[-3000:]}\n{json.dumps(line)[:3000]}"
+    assert proc.returncode == 0, detail
+    assert verdict["ok"] is True, detail
+    # The chaos happened, and the journal saw its effects: otherwise a clean verdict says nothing.
+    assert line["chaos"]["sigkill"] >= 1 and line["chaos"]["sigterm"] >= 1, line["chaos"]
+    if not os.environ.get(DSN_ENV):
+        assert line["chaos"]["db_restart"] == 1, line["chaos"]
+    assert verdict["interrupted"] >= 1 and verdict["jobs"] >= 1000, verdict
+    assert verdict["fan_in"]["ran"] >= 10 and verdict["cron"]["ticks"] >= 4, verdict
+    for key, limit in verdict["limits"].items():
+        assert 1 <= limit["peak"] <= limit["max"], (key, limit)
+    assert line["drained"] is True and line["processes"]["unexpected_exits"] == [], detail
+    assert set(line["processes"]["final_exit_codes"]) == {0}, line["processes"]
+    assert all(value == 0 for value in line["store_checks"].values()), line["store_checks"]
