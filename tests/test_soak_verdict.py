@@ -295,6 +295,7 @@ def test_cron_each_tick_runs_once() -> None:
     assert v["cron"] == {
         "ticks": 3,
         "ran_once": 3,
+        "reran_after_kill": 0,
         "duplicates": 0,
         "duplicate_keys": [],
         "never_ran": 0,
@@ -308,7 +309,10 @@ def test_cron_each_tick_runs_once() -> None:
     assert judge(twice, finals=finals, config={**CRON, "cron_max_attempts": 2})["over_run"] == 0
     # The first run killed right after its end: its success may never have reached the store.
     v = judge(twice, events=[ev("kill", 11.5, pid=10)], finals=finals, config=CRON)
-    assert (v["cron"]["duplicates"], v["cron"]["ran_once"], v["ok"]) == (0, 3, True)
+    assert (v["cron"]["duplicates"], v["cron"]["ran_once"], v["cron"]["reran_after_kill"], v["ok"]) == (0, 2, 1, True)
+    # A tick whose only ok end a kill excuses still ran (the store says succeeded): once, not never.
+    v = judge(journal, events=[ev("kill", 11.5, pid=10)], finals=finals, config=CRON)
+    assert (v["cron"]["ran_once"], v["cron"]["never_ran"], v["cron"]["succeeded_without_run"]) == (3, 0, 0)
     # Two jobs for one tick's key, both run: a duplicate too.
     other = [*journal, *ran("x", 1, 11, 12, 13, task="tick", key=key(10))]
     v = judge(other, finals={**finals, "x": final(task="tick", key=key(10))}, config={**CRON, "cron_max_attempts": 1})

@@ -53,7 +53,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--slow-seconds", type=float, default=20.0, help="mean length of a slow job, +-25%% (default 20)"
     )
     parser.add_argument(
-        "--db-restart-every", type=float, default=300.0, help="seconds between PostgreSQL restarts (default 300)"
+        "--db-restart-every", type=float, default=240.0, help="seconds between PostgreSQL restarts (default 240)"
     )
     parser.add_argument("--lease", type=float, default=5.0, help="the PostgreSQL nodes' lease (default 5)")
     parser.add_argument("--drain-timeout", type=float, default=300.0, help="most seconds to wait for the drain")

@@ -58,7 +58,7 @@ class Settings:
     seed: int = 1
     kill_every: float = 15.0
     slow_seconds: float = 20.0
-    db_restart_every: float = 300.0
+    db_restart_every: float = 240.0
     lease: float = 5.0
     shutdown_grace: float = 2.0
     drain_timeout: float = 300.0

@@ -353,18 +353,21 @@ def _cron(runs: Sequence[Run], finals: Mapping[str, Row], config: Row) -> Row:
             any_ok[key] += 1
             counted[key] += not r.interrupted
     dups = sorted(k for k, n in counted.items() if n > 1)
-    never = [k for k in ticks if not counted[k]]
+    # An ok end a kill excuses (it may not have reached the store) is still a run: a tick whose only ok end
+    # was excused ran once; one with a second ok end after an excused one ran again, as allowed.
+    never = [k for k in ticks if not any_ok[k]]
     times = sorted({t for k in ticks if (t := _tick_time(k)) is not None})
     period = config.get("cron_period")
     gaps = None if not times or not period else max(0, round((times[-1] - times[0]) / period) + 1 - len(times))
     return {
         "cron": {
             "ticks": len(ticks),
-            "ran_once": sum(counted[k] == 1 for k in ticks),
+            "ran_once": sum(any_ok[k] == 1 for k in ticks),
+            "reran_after_kill": sum(any_ok[k] > 1 and counted[k] <= 1 for k in ticks),
             "duplicates": len(dups),
             "duplicate_keys": dups[:EXAMPLES],
             "never_ran": len(never),
-            "succeeded_without_run": sum(ticks[k] == "succeeded" and not any_ok[k] for k in never),
+            "succeeded_without_run": sum(ticks[k] == "succeeded" for k in never),
             "gaps": gaps,
         }
     }
