@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,12 +38,20 @@ def test_soak_smoke_postgres(tmp_path: Path) -> None:
     command += ["--db-restart-every", "35", "--drain-timeout", "90", "--out", str(tmp_path / "run"), "--no-save"]
     if os.environ.get(DSN_ENV):
         command += ["--dsn", os.environ[DSN_ENV]]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no JSON line from the soak (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    # Its own process group: on a timeout the harness and everything it started are killed together.
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the soak did not end in 400 s:\n{err.decode(errors='replace')[-4000:]}")
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON line from the soak (exit {proc.returncode}):\n{stderr[-4000:]}"
     line = json.loads(lines[-1])
     verdict = line["verdict"]
-    detail = f"{proc.stderr[-3000:]}\n{json.dumps(line)[:3000]}"
+    detail = f"{stderr[-3000:]}\n{json.dumps(line)[:3000]}"
     assert proc.returncode == 0, detail
     assert verdict["ok"] is True, detail
     # The chaos happened, and the journal saw its effects: otherwise a clean verdict says nothing.

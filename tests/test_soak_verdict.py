@@ -119,11 +119,14 @@ def test_over_run_unless_a_kill_excuses_the_completion() -> None:
     finals = {"a": final("dead")}
     v = judge(journal, acks, finals=finals)
     assert (v["over_run"], v["over_run_ids"], v["ok"]) == (1, ["a"], False)
-    # Killed 1.5 s after its end (lost_window 2): the failure may not have reached the store.
+    # Killed 1.5 s after its end, and the job ran again after the kill: the failure did not reach the store.
     v = judge(journal, acks, [ev("kill", 2.5, pid=10)], finals)
     assert (v["over_run"], v["interrupted"], v["ok"]) == (0, 1, True)
     # Killed later than lost_window after its end: no excuse.
-    assert judge(journal, acks, [ev("kill", 3.5, pid=10)], finals)["over_run"] == 1
+    assert judge(journal, acks, [ev("kill", 3.5, pid=10)], finals, {"lost_window": 2.0})["over_run"] == 1
+    # Killed within the window, but the job did not start again after the kill: the outcome had reached the
+    # store (the run at 5 s was not a rescue of this one), so the kill excuses nothing.
+    assert judge(journal, acks, [ev("kill", 5.5, pid=10)], finals)["over_run"] == 1
     # A kill before the end excuses nothing either (the end line was written, the pid still lived).
     assert judge(journal, acks, [ev("kill", 0.5, pid=10)], finals)["over_run"] == 1
     assert judge(journal, acks, [ev("kill", 2.5, pid=10)], finals, {"lost_window": 1.0})["over_run"] == 1
@@ -217,18 +220,23 @@ def rated(times: Sequence[float]) -> tuple[list[Row], list[Row]]:
 
 
 def test_rate_a_burst_over_the_allowance_fails() -> None:
-    # 10/s, burst 2: the third start is due at 0.1 (0.098 s early, within rate_slack), the fourth at 0.2.
+    # 10/s, burst 2: the third start is due at 0.1, the fourth at 0.2; both are early by more than the slack
+    # (0.09 s: never a whole token, whatever rate_slack says).
     v = judge(*rated([0.0, 0.001, 0.002, 0.003]), config=RATE)
     assert v["rates"]["r"] == {
         "rate": 10.0,
         "per": 1.0,
         "burst": 2,
         "starts": 4,
-        "excess": 1,
+        "slack_s": 0.09,
+        "excess": 2,
         "excess_strict": 2,
         "busiest_window_1s": 4,
     }
-    assert (v["rate_violations"], v["ok"]) == (1, False)
+    assert (v["rate_violations"], v["ok"]) == (2, False)
+    # The third start 5 ms before it is due: within the slack, early only to the strict count.
+    v = judge(*rated([0.0, 0.001, 0.095]), config=RATE)
+    assert (v["rates"]["r"]["excess"], v["rates"]["r"]["excess_strict"], v["ok"]) == (0, 1, True)
     v = judge(*rated([0.0, 0.001, 0.2]), config=RATE)
     assert (v["rates"]["r"]["excess_strict"], v["rate_violations"], v["ok"]) == (0, 0, True)
 
@@ -300,6 +308,8 @@ def test_cron_each_tick_runs_once() -> None:
         "duplicate_keys": [],
         "never_ran": 0,
         "succeeded_without_run": 0,
+        "pending_at_stop": 0,
+        "off_grid": 0,
         "gaps": 0,
     }
     assert (v["ticks"], v["ok"]) == (3, True)
@@ -333,11 +343,11 @@ def test_cron_never_ran_succeeded_without_run_and_gaps() -> None:
         *ran("k40", 1, 10, 40, 41, "error", task="tick", key=key(40)),
     ]
     v = judge(journal, finals=finals, config=CRON)
-    assert (v["cron"]["never_ran"], v["cron"]["succeeded_without_run"], v["cron"]["gaps"]) == (2, 1, 2)
+    assert (v["cron"]["never_ran"], v["cron"]["succeeded_without_run"], v["cron"]["gaps"]) == (1, 1, 2)
     assert v["ok"] is False  # k10 succeeded in the store, never in the journal
     journal += ran("k10", 1, 10, 10, 11, task="tick", key=key(10))
     v = judge(journal, finals=finals, config=CRON)
-    assert (v["cron"]["never_ran"], v["cron"]["succeeded_without_run"], v["cron"]["gaps"], v["ok"]) == (1, 0, 2, True)
+    assert (v["cron"]["never_ran"], v["cron"]["succeeded_without_run"], v["cron"]["gaps"], v["ok"]) == (0, 0, 2, True)
     assert judge(journal, finals=finals, config={"cron_task": "tick"})["cron"]["gaps"] is None
 
 
@@ -397,3 +407,43 @@ def test_end_lines_pair_with_their_start_by_job_epoch_and_pid() -> None:
     assert (v["unmatched_ends"], v["succeeded_twice"]) == (1, 0)
     v = judge([start("a", 1, 10, 0), end("a", 1, 10, 1)], [ack("a")], [ev("kill", 2, pid=10)])
     assert (v["unmatched_ends"], v["orphaned"]) == (0, 0)
+
+
+def test_the_store_must_match_the_journal() -> None:
+    journal = [*ran("a", 1, 10, 0, 1, outcome="error"), *ran("a", 2, 10, 2, 3)]
+    acks = [ack("a", max_attempts=2)]
+    ok = {"a": {**final(), "epoch": 2}}
+    assert (judge(journal, acks, finals=ok)["store_mismatch"], judge(journal, acks, finals=ok)["ok"]) == (0, True)
+    # The store took epoch 1's outcome as a success: no ok end under epoch 1.
+    v = judge(journal, acks, finals={"a": {**final(), "epoch": 1}})
+    assert (v["store_mismatch"], v["store_mismatch_examples"], v["ok"]) == (1, [["a", "t", "succeeded", 1]], False)
+    # Succeeded with no ok end at all (no epoch known): a success no execution produced.
+    v = judge(journal[:2], [ack("a", max_attempts=2, expect="any")], finals={"a": final()})
+    assert (v["store_mismatch"], v["ok"]) == (1, False)
+    # Dead: an error end under the final epoch.
+    dead = {"a": {**final("dead"), "epoch": 1}}
+    assert judge(journal[:2], [ack("a", max_attempts=2, expect="dead")], finals=dead)["store_mismatch"] == 0
+    dead = {"a": {**final("dead"), "epoch": 2}}
+    assert judge(journal, [ack("a", max_attempts=2, expect="dead")], finals=dead)["store_mismatch"] == 1
+
+
+def test_jobs_no_enqueue_answered_for_and_shared_keys_fail() -> None:
+    journal = [*ran("a", 1, 10, 0, 1), *ran("b", 1, 10, 2, 3)]
+    finals = {"a": final(key="k1"), "b": final(key="k2")}
+    assert judge(journal, [ack("a"), ack("b")], finals=finals)["ok"] is True
+    v = judge(journal, [ack("a")], finals=finals)  # b: a resent enqueue that made a second job
+    assert (v["unacked_jobs"], v["unacked_ids"], v["ok"]) == (1, ["b"], False)
+    v = judge(journal, [ack("a"), ack("b")], finals={"a": final(key="k1"), "b": final(key="k1")})
+    assert (v["duplicate_keys"], v["ok"]) == (1, False)
+
+
+def test_cron_ticks_off_the_grid_fail_and_pending_ones_do_not() -> None:
+    finals = {f"k{s}": final(task="tick", key=key(s)) for s in (0, 10)}
+    journal = [line for s in (0, 10) for line in ran(f"k{s}", 1, 10, s, s + 1, task="tick", key=key(s))]
+    finals["k20"] = final("ready", task="tick", key=key(20))  # due after the drain: never claimed
+    v = judge(journal, finals=finals, config=CRON)
+    assert (v["cron"]["pending_at_stop"], v["cron"]["never_ran"], v["ok"]) == (1, 0, True)
+    finals["k9"] = final(task="tick", key=key(9))
+    journal += ran("k9", 1, 10, 9, 9.5, task="tick", key=key(9))
+    v = judge(journal, finals=finals, config=CRON)
+    assert (v["cron"]["off_grid"], v["ok"]) == (1, False)

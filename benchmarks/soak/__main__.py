@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if judged["ok"] else 1
     if args.store is None:
         raise SystemExit("python -m benchmarks.soak: --store postgres|wal is required (or --judge DIR)")
+    if args.rate <= 0 or args.duration <= 0 or args.workers < 1 or args.kill_every <= 0:
+        raise SystemExit("python -m benchmarks.soak: --rate, --duration, --workers and --kill-every must be > 0")
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"python -m benchmarks.soak: --out {args.out} is not empty (a run's files would mix)")
     out = args.out or Path(tempfile.mkdtemp(prefix=f"trioq-soak-{args.store}-"))
     settings = Settings(
         store=args.store,
@@ -101,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_save:
         with RESULTS.open("a") as file:
             file.write(text + "\n")
-    clean = bool(line["verdict"]["ok"]) and not line["processes"]["unexpected_exits"] and _store_clean(line)
+    processes = line["processes"]
+    clean = bool(line["verdict"]["ok"]) and line["drained"] and not line["journal_torn_lines"]
+    clean = clean and not processes["unexpected_exits"] and set(processes["final_exit_codes"]) <= {0}
+    clean = clean and set(processes["sigterm_exit_codes"]) <= {0} and _store_clean(line)
     return 0 if clean else 1
 
 

@@ -115,7 +115,9 @@ class Load:
             self.calls += 1
             now = time.time()
             for job, want in zip(jobs, expect, strict=True):
-                line = {"job": job.id, "task": job.task, "max_attempts": job.max_attempts, "expect": want}
+                line: dict[str, Any] = {"job": job.id, "task": job.task, "key": job.key}
+                line["max_attempts"] = job.max_attempts
+                line["expect"] = want
                 line.update(parents=list(job.after), t=now)
                 self._acks.write(json.dumps(line) + "\n")
             self._acks.flush()
@@ -140,6 +142,9 @@ class Load:
                 job = await self._call("get", job_id)
                 if job is not None and job.state == trioq.JobState.DEAD:
                     done = await self._call("retry", job_id)
+                    if done is None:  # refused, or done by a try whose answer was lost: the store says which
+                        after = await self._call("get", job_id)
+                        done = after if after is not None and after.state != trioq.JobState.DEAD else None
                     self.events("retry", job=job_id, ok=done is not None)
 
     async def _call(self, name: str, job_id: str) -> Any:

@@ -10,6 +10,7 @@ an execution cut off by a SIGKILL to the kill.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -48,6 +49,17 @@ class Events:
         self._file.close()
 
 
+#: Looked up here, not in the forked child (no dynamic loading between fork and exec).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the harness dies (Linux ``PR_SET_PDEATHSIG``), so a
+    harness killed or crashed mid-run leaves no worker behind. The signal comes when the *thread* that
+    forked exits, so children are forked from the trio thread, never from a worker thread."""
+    _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def rss_kb(pid: int) -> int | None:
     """The resident set of ``pid`` in KiB, from ``/proc``; ``None`` once it is gone."""
     try:
@@ -60,15 +72,25 @@ def rss_kb(pid: int) -> int | None:
 
 
 class Child:
-    """One started process; its stdout and stderr go to ``logs/<pid>.log``."""
+    """One started process; its stdout and stderr go to ``logs/<pid>.log``. Made in the trio thread (see
+    :func:`_die_with_parent`); :meth:`started` then waits for its banner, in a worker thread."""
 
     def __init__(self, command: list[str], env: dict[str, str], logs: Path) -> None:
-        from tests.processes import read_until
-
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=_ROOT)
+        self.command = command
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=_ROOT, preexec_fn=_die_with_parent
+        )
         self.pid = self.process.pid
         self.log = logs / f"{self.pid}.log"
         self.signalled: str | None = None  # "kill" / "term" once the harness sent one
+        self.start_s = 0.0
+        self.url: str | None = None
+        self._drain: IO[bytes] | None = None
+
+    def started(self) -> None:
+        """Block until the banner (``RuntimeError``, the process killed, if none in ``START_TIMEOUT`` s)."""
+        from tests.processes import read_until
+
         started = time.monotonic()
         match, buffer = read_until(self.process, BANNER, START_TIMEOUT)
         self.start_s = time.monotonic() - started
@@ -76,9 +98,9 @@ class Child:
         if match is None:
             self.process.kill()
             self.process.wait()
-            raise RuntimeError(f"{command[:3]} did not start in {START_TIMEOUT:.0f} s: {buffer[-2000:]!r}")
+            raise RuntimeError(f"{self.command[:3]} did not start in {START_TIMEOUT:.0f} s: {buffer[-2000:]!r}")
         self.url = match.group(2)
-        self._drain: IO[bytes] | None = self.process.stdout
+        self._drain = self.process.stdout
 
     def pump(self) -> None:
         """Move what the child wrote since the last call to its log file (never blocks)."""
@@ -114,7 +136,14 @@ class Fleet:
         self.respawn_delay = 0.5
 
     async def spawn(self) -> Child:
-        child = await trio.to_thread.run_sync(Child, self.command(), self.env, self.logs)
+        child = Child(self.command(), self.env, self.logs)
+        try:
+            await trio.to_thread.run_sync(child.started)
+        except BaseException:
+            if child.process.poll() is None:
+                child.process.kill()
+                child.process.wait()
+            raise
         self.children.append(child)
         self.start_seconds.append(child.start_s)
         self.events("spawn", pid=child.pid, start_s=round(child.start_s, 3))

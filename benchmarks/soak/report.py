@@ -52,7 +52,7 @@ def _memory(line: dict[str, Any]) -> str:
         return "—"
     return (
         f"harness {harness['after_1min'] // 1024} → {harness['end'] // 1024} MiB after the first minute; "
-        f"processes ≤ {memory['child_kb_max'] // 1024} MiB"
+        f"processes ≤ {(memory['child_kb_max'] or 0) // 1024} MiB"
     )
 
 
@@ -66,11 +66,14 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("over-run / succeeded twice / fencing",
      lambda x: f"{x['verdict']['over_run']} / {x['verdict']['succeeded_twice']} / {x['verdict']['fencing']}"),
     ("unexpected final state", lambda x: str(x["verdict"]["unexpected_final"])),
+    ("store vs journal: mismatches / jobs no enqueue made / shared keys", lambda x: (
+        f"{x['verdict'].get('store_mismatch', '—')} / {x['verdict'].get('unacked_jobs', '—')} / "
+        f"{x['verdict'].get('duplicate_keys', '—')}")),
     ("executions interrupted; orphaned → rescued",
      lambda x: f"{x['verdict']['interrupted']}; {x['verdict']['orphaned']} → {x['verdict']['rescued']}"),
     ("rescue after the kill, p50 (max)", _rescue),
     ("limit peaks / max", _limits),
-    ("rate starts over the allowance, 0.1 s slack (strict)", _rates),
+    ("rate starts over the allowance, < 1 token of slack (strict)", _rates),
     ("fan-in children ran / violations",
      lambda x: f"{x['verdict']['fan_in']['ran']:,} / {x['verdict']['fan_in']['violations']}"),
     ("cron ticks ran once / duplicates / gaps", lambda x: (

@@ -9,8 +9,13 @@ renders the headline figures for a human.
 An *execution* is one ``start`` line, paired with the ``end`` line of the same ``(job, epoch, pid)``
 (several starts of one key pair with its ends in time order). An execution is *interrupted* when it
 has no end, its end is ``cancelled``, or its pid got a ``kill`` within ``lost_window`` seconds at or
-after its ok/error end (the completion may not have reached the store). Only interrupted executions
+after its ok/error end *and* the job started again after that kill (the completion evidently did not
+reach the store; without a later start it did, and the execution counts). Only interrupted executions
 excuse a job running more often than its attempts allow or succeeding more than once.
+
+Where ``finals`` carry each job's ``epoch``, the store's final state must match the journal
+(``store_mismatch``): a succeeded job has an ok end under its final epoch, a dead one an error end
+under it (an outcome from a stale epoch accepted, or a state no execution produced, fails).
 """
 
 from __future__ import annotations
@@ -124,6 +129,9 @@ def _runs(journal: Sequence[Row], kills: Times, window: float) -> tuple[list[Run
         if line.get("ev") in ("start", "end"):
             (starts if line["ev"] == "start" else ends)[(line["job"], line["epoch"], line["pid"])].append(line)
     runs: list[Run] = []
+    later: defaultdict[str, list[float]] = defaultdict(list)
+    for (job, _, _), group in starts.items():
+        later[job] += [float(s["t"]) for s in group]
     for k, group in starts.items():
         closing = sorted(ends.pop(k, []), key=lambda e: float(e["t"]))
         for i, s in enumerate(sorted(group, key=lambda s: float(s["t"]))):
@@ -132,18 +140,19 @@ def _runs(journal: Sequence[Row], kills: Times, window: float) -> tuple[list[Run
             end = max(start, float(e["t"])) if e else None
             run = Run(s["job"], s["task"], s["epoch"], s["pid"], start, end, e.get("outcome"), e.get("parents_ok"))
             run = replace(run, key=s.get("key") or e.get("key"))
-            runs.append(replace(run, interrupted=_is_interrupted(run, kills, window)))
+            runs.append(replace(run, interrupted=_is_interrupted(run, kills, window, later[run.job])))
         ends[k] = closing[len(group) :]
     runs.sort(key=lambda r: (r.start, r.job, r.epoch, r.pid))
     return runs, sum(len(v) for v in ends.values())
 
 
-def _is_interrupted(run: Run, kills: Times, window: float) -> bool:
-    """No end, a ``cancelled`` end, or a kill of its pid at most ``window`` seconds at or after its end."""
+def _is_interrupted(run: Run, kills: Times, window: float, starts: Sequence[float]) -> bool:
+    """No end, a ``cancelled`` end, or a kill of its pid at most ``window`` seconds at or after its end that
+    the job's ``starts`` show was followed by another start (the outcome was lost with the process)."""
     if run.end is None or run.outcome == "cancelled":
         return True
     kill = _first(kills.get(run.pid, ()), run.end)
-    return kill is not None and kill - run.end <= window
+    return kill is not None and kill - run.end <= window and any(t >= kill for t in starts)
 
 
 def _by_job(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -168,6 +177,31 @@ def _unexpected(acked: Mapping[str, Row], finals: Mapping[str, Row], cancelled: 
         if got in TERMINAL and job not in cancelled and want != "any" and got != want:
             bad.append([job, ack["task"], want, got])
     return {"unexpected_final": len(bad), "unexpected_examples": bad[:EXAMPLES]}
+
+
+def _store_match(jobs: Mapping[str, list[Run]], finals: Mapping[str, Row], acked: Mapping[str, Row], task: Any) -> Row:
+    """The store's final state against the journal: ``store_mismatch`` (a succeeded job without an ok end under
+    its final epoch, a dead one without an error end under it; without ``epoch`` in finals, any ok end for a
+    succeeded job); ``unacked_jobs`` (jobs the store holds that no enqueue answered for, cron ticks aside: a
+    resent enqueue that made a second job); ``duplicate_keys`` (one key on two jobs)."""
+    bad: list[list[Any]] = []
+    for job, final in sorted(finals.items()):
+        state, epoch = final.get("state"), final.get("epoch")
+        want = {"succeeded": "ok", "dead": "error"}.get(str(state))
+        if want is None or (state == "dead" and epoch is None):
+            continue
+        runs = jobs.get(job, [])
+        if not any(r.outcome == want and (epoch is None or r.epoch == epoch) for r in runs):
+            bad.append([job, final.get("task"), state, epoch])
+    unacked = sorted(j for j, f in finals.items() if j not in acked and f.get("task") != task)
+    keys = Counter(f["key"] for f in finals.values() if f.get("key"))
+    return {
+        "store_mismatch": len(bad),
+        "store_mismatch_examples": bad[:EXAMPLES],
+        "unacked_jobs": len(unacked),
+        "unacked_ids": unacked[:EXAMPLES],
+        "duplicate_keys": sum(n > 1 for n in keys.values()),
+    }
 
 
 def _fencing(runs: Sequence[Run]) -> Row:
@@ -291,13 +325,16 @@ def _rates(runs: Sequence[Run], config: Row, slack: float) -> Row:
         if limit.get("rate") is None:
             continue
         rate, per, burst = float(limit["rate"]), float(limit.get("per") or 1.0), int(limit.get("burst") or 1)
+        # Never a whole token of slack: a limiter one burst too generous must still show.
+        key_slack = min(slack, 0.9 * per / rate)
         times = sorted(r.start for r in _holders(runs, config, key))
         out[key] = {
             "rate": rate,
             "per": per,
             "burst": burst,
             "starts": len(times),
-            "excess": _excess(times, rate, per, burst, slack),
+            "slack_s": round(key_slack, 4),
+            "excess": _excess(times, rate, per, burst, key_slack),
             "excess_strict": _excess(times, rate, per, burst, 0.0),
             "busiest_window_1s": _busiest(times),
         }
@@ -347,17 +384,23 @@ def _cron(runs: Sequence[Run], finals: Mapping[str, Row], config: Row) -> Row:
     ticks = {f.get("key") or f"job:{j}": f["state"] for j, f in finals.items() if task and f.get("task") == task}
     counted: Counter[str] = Counter()
     any_ok: Counter[str] = Counter()
+    started: set[str] = set()
     for r in runs:
-        if r.task == task and r.outcome == "ok":
+        if r.task == task:
             key = r.key or finals.get(r.job, {}).get("key") or f"job:{r.job}"
-            any_ok[key] += 1
-            counted[key] += not r.interrupted
+            started.add(key)
+            if r.outcome == "ok":
+                any_ok[key] += 1
+                counted[key] += not r.interrupted
     dups = sorted(k for k, n in counted.items() if n > 1)
     # An ok end a kill excuses (it may not have reached the store) is still a run: a tick whose only ok end
     # was excused ran once; one with a second ok end after an excused one ran again, as allowed.
-    never = [k for k in ticks if not any_ok[k]]
+    # A tick still pending when the workers stopped (due after the drain) is not a failure; one that ended
+    # succeeded or dead without any execution is.
+    never = [k for k in ticks if k not in started and ticks[k] in ("succeeded", "dead")]
     times = sorted({t for k in ticks if (t := _tick_time(k)) is not None})
     period = config.get("cron_period")
+    off_grid = sum(1 for t in times if period and abs(t / period - round(t / period)) > 1e-6)
     gaps = None if not times or not period else max(0, round((times[-1] - times[0]) / period) + 1 - len(times))
     return {
         "cron": {
@@ -367,7 +410,9 @@ def _cron(runs: Sequence[Run], finals: Mapping[str, Row], config: Row) -> Row:
             "duplicates": len(dups),
             "duplicate_keys": dups[:EXAMPLES],
             "never_ran": len(never),
-            "succeeded_without_run": sum(ticks[k] == "succeeded" for k in never),
+            "succeeded_without_run": sum(ticks[k] == "succeeded" and not any_ok[k] for k in ticks),
+            "pending_at_stop": sum(ticks[k] not in TERMINAL for k in ticks),
+            "off_grid": off_grid,
             "gaps": gaps,
         }
     }
@@ -385,10 +430,10 @@ def judge(
 ) -> dict[str, Any]:
     """The verdict of one soak run (see the module docstring and each check's docstring); pure.
 
-    Config defaults: ``lost_window`` 2.0, ``rate_slack`` 0.1, ``cron_max_attempts`` 1, no limits, no cron.
+    Config defaults: ``lost_window`` 5.0, ``rate_slack`` 0.1, ``cron_max_attempts`` 1, no limits, no cron.
     A job acked twice is judged once (``jobs`` is still ``len(acks)``)."""
     kills = _pid_times(events, {"kill"})
-    runs, unmatched = _runs(journal, kills, float(config.get("lost_window", 2.0)))
+    runs, unmatched = _runs(journal, kills, float(config.get("lost_window", 5.0)))
     jobs = _by_job(runs)
     acked = {a["job"]: a for a in acks}
     task = config.get("cron_task")
@@ -406,12 +451,19 @@ def judge(
         "unended": sum(_stop(r, stops) == math.inf for r in runs),
     }
     v |= _lost(acked, finals) | _unexpected(acked, finals, cancelled) | _fencing(runs)
+    v |= _store_match(jobs, finals, acked, task)
     v |= _over_run(jobs, attempts, retries) | _orphans(runs, jobs, kills, finals)
     v |= _limits(runs, config, stops) | _rates(runs, config, float(config.get("rate_slack", 0.1)))
     v |= _fan_in(acked, jobs) | _cron(runs, finals, config) | {"drain_s": _drain(events)}
     failures = "lost unexpected_final fencing over_run succeeded_twice unrescued limit_violations rate_violations"
+    failures += " store_mismatch unacked_jobs duplicate_keys unknown_jobs unmatched_ends"
+    cron = v["cron"]
     v["ok"] = not any(v[k] for k in failures.split()) and not (
-        v["fan_in"]["violations"] or v["cron"]["duplicates"] or v["cron"]["succeeded_without_run"]
+        v["fan_in"]["violations"]
+        or cron["duplicates"]
+        or cron["never_ran"]
+        or cron["off_grid"]
+        or cron["succeeded_without_run"]
     )
     return v
 
@@ -420,7 +472,8 @@ def summary_table(verdict: Mapping[str, Any]) -> str:
     """The headline figures as a plain two-column table (label, value), one per line; ``-`` for ``None``."""
     fan, cron, rescue = verdict["fan_in"], verdict["cron"], verdict["rescue_s"] or {}
     rows = [("verdict", "OK" if verdict["ok"] else "FAIL")]
-    heads = "jobs executions ticks lost unexpected_final fencing over_run succeeded_twice interrupted orphaned"
+    heads = "jobs executions ticks lost unexpected_final store_mismatch unacked_jobs duplicate_keys fencing over_run"
+    heads += " succeeded_twice interrupted orphaned"
     rows += [(k, verdict[k]) for k in (*heads.split(), "rescued", "unrescued")]
     rows += [("rescue_s p50 / max", f"{rescue.get('p50', '-')} / {rescue.get('max', '-')}")]
     rows += [(f"limit {k} peak / max", f"{x['peak']} / {x['max']}") for k, x in verdict["limits"].items()]
