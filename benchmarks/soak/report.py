@@ -83,6 +83,8 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("unexpected process exits; SIGTERM exit codes",
      lambda x: f"{len(x['processes']['unexpected_exits'])}; {x['processes']['sigterm_exit_codes']}"),
     ("drain after the last chaos", lambda x: f"{x['verdict']['drain_s']} s"),
+    ("backlog (unfinished jobs), peak / median of the samples", lambda x: (
+        f"{x['memory'].get('backlog', {}).get('max', '—')} / {x['memory'].get('backlog', {}).get('median', '—')}")),
     ("memory", _memory),
     ("verdict", lambda x: "clean" if x["verdict"]["ok"] else "**failed**"),
 ]  # fmt: skip

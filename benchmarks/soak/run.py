@@ -117,10 +117,13 @@ async def _chaos(settings: Settings, fleet: Fleet, events: Events, cluster: Any,
     return counts
 
 
-async def _sample(fleet: Fleet, every: float, into: list[dict[str, Any]]) -> None:
-    """Every ``every`` s: the RSS of this process and of each child."""
+async def _sample(fleet: Fleet, producer: Any, every: float, into: list[dict[str, Any]]) -> None:
+    """Every ``every`` s: the RSS of this process and of each child, and the queue's backlog."""
     while True:
         now = time.time()
+        backlog = await _backlog(producer)
+        if backlog is not None:
+            into.append({"t": now, "role": "queue", "backlog": sum(backlog.values())})
         into.append({"t": now, "role": "harness", "pid": os.getpid(), "rss_kb": rss_kb(os.getpid())})
         for child in fleet.children:
             into.append({"t": now, "role": "child", "pid": child.pid, "rss_kb": rss_kb(child.pid)})
@@ -139,6 +142,15 @@ async def _drain(producer: Any, timeout: float) -> bool:
                 pass
             await trio.sleep(0.5)
     return False
+
+
+async def _backlog(producer: Any) -> dict[str, int] | None:
+    """The unfinished jobs by state (a backlog that grew all run says the load outran the workers)."""
+    try:
+        jobs = (await producer.stats())["jobs"]
+    except Exception:  # the store may be restarting: this sample is missing, the run goes on
+        return None
+    return {state: int(jobs.get(state, 0)) for state in UNFINISHED}
 
 
 async def _read_back(producer: Any) -> dict[str, dict[str, Any]]:
@@ -173,14 +185,14 @@ async def _phases(settings: Settings, fleet: Fleet, producer: Any, events: Event
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fleet.watch)
-            nursery.start_soon(_sample, fleet, settings.sample_every, memory)
+            nursery.start_soon(_sample, fleet, producer, settings.sample_every, memory)
             async with trio.open_nursery() as timed:
                 timed.start_soon(load.enqueue, stop)
                 timed.start_soon(load.cancel_and_retry, stop)
                 timed.start_soon(chaos_task)
                 await trio.sleep(settings.duration)
                 stop.set()
-            events("chaos_end")
+            events("chaos_end", backlog=await _backlog(producer))
             await fleet.settle(60.0)
             drained = await _drain(producer, settings.drain_timeout)
             if drained:
@@ -234,7 +246,10 @@ async def soak(settings: Settings) -> dict[str, Any]:
     events = Events(out / "events.jsonl")
     env = {**os.environ, app.JOURNAL_ENV: str(out / "journal"), "PYTHONUNBUFFERED": "1"}
     common = ["--app", "benchmarks.soak.app:registry", "--shutdown-grace", str(settings.shutdown_grace), *KEEP]
-    common += ["--workers", str(settings.slots), "--log-level", "WARNING"]
+    common += ["--log-level", "WARNING"]
+    # As many workers in all on either store: the WAL's one server runs workers x slots of them.
+    slots = settings.slots if settings.store == "postgres" else settings.workers * settings.slots
+    common += ["--workers", str(slots)]
     started = time.time()
     stopped: list[int] = []
     store_checks: dict[str, Any]
@@ -319,7 +334,9 @@ def judge_files(out: Path) -> tuple[dict[str, Any], int]:
 
 
 def memory_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The harness's RSS at the first sample after a minute, at the end, and its peak; the children's peak."""
+    """The harness's RSS at the first sample after a minute, at the end, and its peak; the children's peak;
+    the queue's backlog (its peak and median over the samples)."""
+    backlog = [s["backlog"] for s in samples if s["role"] == "queue"]
     harness = [s for s in samples if s["role"] == "harness" and s["rss_kb"]]
     children = [s["rss_kb"] for s in samples if s["role"] == "child" and s["rss_kb"]]
     if not harness:
@@ -330,4 +347,9 @@ def memory_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "harness_kb_max": max(s["rss_kb"] for s in harness),
         "child_kb_max": max(children, default=None),
         "samples": len(samples),
+        # Unfinished jobs, sampled with the memory: the last sample is during the drain.
+        "backlog": {
+            "max": max(backlog, default=None),
+            "median": sorted(backlog)[len(backlog) // 2] if backlog else None,
+        },
     }
