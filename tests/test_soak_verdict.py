@@ -108,9 +108,26 @@ def test_unexpected_final_except_jobs_the_harness_cancelled() -> None:
 def test_fencing_two_starts_of_one_claim() -> None:
     bad = [*ran("a", 1, 10, 0, 1), *ran("a", 1, 11, 0.5, 1.5)]
     v = judge(bad, [ack("a", max_attempts=2)])
-    assert (v["fencing"], v["fencing_examples"], v["executions"], v["ok"]) == (1, [["a", 1, 2]], 1, False)
+    assert (v["fencing"], v["fencing_examples"], v["executions"], v["ok"]) == (1, [["a", 1, 10, 11]], 1, False)
     good = [*ran("a", 1, 10, 0, 1, outcome="error"), *ran("a", 2, 11, 1.5, 2)]
     assert judge(good, [ack("a", max_attempts=2)])["fencing"] == 0
+    # The same epoch again only after its process was SIGKILLed (a claim record lost with the crash, replayed
+    # to the epoch before): no holder of the first claim is left, so it is counted, not failed.
+    crash = [start("a", 1, 10, 0), *ran("a", 1, 11, 2, 3)]
+    v = judge(crash, [ack("a", max_attempts=1)], [ev("kill", 0.5, pid=10)])
+    assert (v["fencing"], v["epoch_reused_after_crash"], v["ok"]) == (0, 1, True)
+    # ... but a kill after the second start excuses nothing: both held the claim at once.
+    v = judge(crash, [ack("a", max_attempts=1)], [ev("kill", 2.5, pid=10)])
+    assert (v["fencing"], v["epoch_reused_after_crash"], v["ok"]) == (1, 0, False)
+
+
+def test_a_job_that_ran_unacknowledged_and_died_with_the_process_is_counted_not_failed() -> None:
+    ran_once = [start("x", 1, 10, 0)]  # handed out before its ADD was durable; the process killed
+    v = judge(ran_once, [], [ev("kill", 0.1, pid=10)], finals={})
+    assert (v["ran_unacknowledged"], v["unknown_jobs"], v["unrescued"], v["ok"]) == (1, 0, 0, True)
+    # Unknown, and it ended normally (or the store holds it, or no kill cut it off): a failure.
+    assert judge([*ran("x", 1, 10, 0, 0.05)], [], [ev("kill", 0.1, pid=10)], finals={})["unknown_jobs"] == 1
+    assert judge(ran_once, [], [], finals={})["ok"] is False
 
 
 def test_over_run_unless_a_kill_excuses_the_completion() -> None:

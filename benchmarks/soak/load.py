@@ -34,10 +34,10 @@ MIX: dict[str, int] = {
     "doomed": 3,
     "flow": 5,
     "slow": 2,
-    "mutex": 12,
-    "capped": 12,
-    "rated": 10,
-    "both": 8,
+    "mutex": 13,
+    "capped": 13,
+    "rated": 11,
+    "both": 5,
 }
 FLOW_PARTS = 4
 RETRYABLE = (trioq.InvalidJob, trioq.UnknownTask)  # a bad batch is the harness's bug: never resent

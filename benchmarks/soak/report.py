@@ -50,10 +50,15 @@ def _memory(line: dict[str, Any]) -> str:
     harness = memory.get("harness_kb")
     if not harness:
         return "—"
-    return (
+    text = (
         f"harness {harness['after_1min'] // 1024} → {harness['end'] // 1024} MiB after the first minute; "
         f"processes ≤ {(memory['child_kb_max'] or 0) // 1024} MiB"
     )
+    longest = memory.get("child_longest")
+    if longest:
+        text += f"; longest-lived process {longest['first_kb'] // 1024} → {longest['last_kb'] // 1024} MiB"
+        text += f" over {longest['span_s'] // 60} min"
+    return text
 
 
 ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -69,6 +74,8 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("store vs journal: mismatches / jobs no enqueue made / shared keys", lambda x: (
         f"{x['verdict'].get('store_mismatch', '—')} / {x['verdict'].get('unacked_jobs', '—')} / "
         f"{x['verdict'].get('duplicate_keys', '—')}")),
+    ("re-claimed under the same epoch after a crash; ran unacknowledged, lost with the crash", lambda x: (
+        f"{x['verdict'].get('epoch_reused_after_crash', '—')}; {x['verdict'].get('ran_unacknowledged', '—')}")),
     ("executions interrupted; orphaned → rescued",
      lambda x: f"{x['verdict']['interrupted']}; {x['verdict']['orphaned']} → {x['verdict']['rescued']}"),
     ("rescue after the kill, p50 (max)", _rescue),

@@ -337,6 +337,11 @@ def memory_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """The harness's RSS at the first sample after a minute, at the end, and its peak; the children's peak;
     the queue's backlog (its peak and median over the samples)."""
     backlog = [s["backlog"] for s in samples if s["role"] == "queue"]
+    lives: dict[int, list[dict[str, Any]]] = {}
+    for sample in samples:
+        if sample["role"] == "child" and sample["rss_kb"]:
+            lives.setdefault(sample["pid"], []).append(sample)
+    longest = max(lives.values(), key=lambda life: life[-1]["t"] - life[0]["t"], default=None)
     harness = [s for s in samples if s["role"] == "harness" and s["rss_kb"]]
     children = [s["rss_kb"] for s in samples if s["role"] == "child" and s["rss_kb"]]
     if not harness:
@@ -347,6 +352,14 @@ def memory_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "harness_kb_max": max(s["rss_kb"] for s in harness),
         "child_kb_max": max(children, default=None),
         "samples": len(samples),
+        # The child that lived longest (the chaos keeps the others short): its RSS when first and last seen.
+        "child_longest": None
+        if longest is None
+        else {
+            "span_s": round(longest[-1]["t"] - longest[0]["t"]),
+            "first_kb": longest[0]["rss_kb"],
+            "last_kb": longest[-1]["rss_kb"],
+        },
         # Unfinished jobs, sampled with the memory: the last sample is during the drain.
         "backlog": {
             "max": max(backlog, default=None),

@@ -21,6 +21,7 @@ under it (an outcome from a stale epoch accepted, or a state no execution produc
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import re
@@ -204,10 +205,26 @@ def _store_match(jobs: Mapping[str, list[Run]], finals: Mapping[str, Row], acked
     }
 
 
-def _fencing(runs: Sequence[Run]) -> Row:
-    """(job, epoch) pairs started more than once: two workers ran one claim."""
-    twice = sorted((k, n) for k, n in Counter((r.job, r.epoch) for r in runs).items() if n > 1)
-    return {"fencing": len(twice), "fencing_examples": [[j, e, n] for (j, e), n in twice[:EXAMPLES]]}
+def _fencing(runs: Sequence[Run], stops: Times) -> Row:
+    """(job, epoch) pairs started again while an earlier start of the pair could still run (its process not
+    killed or gone before the later start): two workers holding one claim. A pair started again only after
+    its process died is ``epoch_reused_after_crash``: a store whose claims are not durable before the
+    handler starts (the WAL's lazy CLAIM records, docs/decisions.md) replays to the epoch before and claims
+    it anew; no holder of the old claim is left to complete it."""
+    by_pair: defaultdict[tuple[str, int], list[Run]] = defaultdict(list)
+    for r in runs:
+        by_pair[(r.job, r.epoch)].append(r)
+    live: list[list[Any]] = []
+    reused = 0
+    for (job, epoch), group in sorted(by_pair.items()):
+        group.sort(key=lambda r: r.start)
+        for before, after in itertools.pairwise(group):
+            gone = _first(stops.get(before.pid, ()), before.start)
+            if gone is not None and gone <= after.start:
+                reused += 1
+            else:
+                live.append([job, epoch, before.pid, after.pid])
+    return {"fencing": len(live), "fencing_examples": live[:EXAMPLES], "epoch_reused_after_crash": reused}
 
 
 def _over_run(jobs: Mapping[str, list[Run]], attempts: Mapping[str, int], retries: Counter[str]) -> Row:
@@ -230,14 +247,17 @@ def _over_run(jobs: Mapping[str, list[Run]], attempts: Mapping[str, int], retrie
     }
 
 
-def _orphans(runs: Sequence[Run], jobs: Mapping[str, list[Run]], kills: Times, finals: Mapping[str, Row]) -> Row:
+def _orphans(
+    runs: Sequence[Run], jobs: Mapping[str, list[Run]], kills: Times, finals: Mapping[str, Row], unowned: set[str]
+) -> Row:
     """Executions without an end whose pid was killed after they started (orphaned); rescued by a start of the
-    same job after that kill, or by the job's terminal final state. ``rescue_s``: next start - kill."""
+    same job after that kill, or by the job's terminal final state. ``rescue_s``: next start - kill. Jobs in
+    ``unowned`` (ran, never acknowledged, gone with the crash: see :func:`_unowned`) are not judged here."""
     orphaned = rescued = 0
     delays: list[float] = []
     for run in runs:
         kill = _first(kills.get(run.pid, ()), run.start) if run.end is None else None
-        if kill is None:
+        if kill is None or run.job in unowned:
             continue
         orphaned += 1
         later = [r.start for r in jobs[run.job] if r.start > kill]
@@ -251,6 +271,20 @@ def _orphans(runs: Sequence[Run], jobs: Mapping[str, list[Run]], kills: Times, f
         "unrescued": orphaned - rescued,
         "rescue_s": rescue,
     }
+
+
+def _unowned(jobs: Mapping[str, list[Run]], known: set[str], finals: Mapping[str, Row], kills: Times) -> set[str]:
+    """Jobs that ran but that no enqueue answered for, the store does not hold, and whose every execution was
+    cut off by a SIGKILL of its process: a job the store handed to a worker before its ADD was durable, lost
+    with the process (the WAL's decision: workers hear of a job before its record is synced), its enqueue
+    never acknowledged (the caller sends it again). Any other unknown job fails the run (``unknown_jobs``)."""
+    out = set()
+    for job, runs in jobs.items():
+        if job in known or job in finals:
+            continue
+        if all(r.end is None and _first(kills.get(r.pid, ()), r.start) is not None for r in runs):
+            out.add(job)
+    return out
 
 
 def _stop(run: Run, stops: Times) -> float:
@@ -450,9 +484,11 @@ def judge(
         "unmatched_ends": unmatched,
         "unended": sum(_stop(r, stops) == math.inf for r in runs),
     }
-    v |= _lost(acked, finals) | _unexpected(acked, finals, cancelled) | _fencing(runs)
+    unowned = _unowned(jobs, set(attempts), finals, kills)
+    v |= _lost(acked, finals) | _unexpected(acked, finals, cancelled) | _fencing(runs, stops)
     v |= _store_match(jobs, finals, acked, task)
-    v |= _over_run(jobs, attempts, retries) | _orphans(runs, jobs, kills, finals)
+    v |= _over_run({j: r for j, r in jobs.items() if j not in unowned}, attempts, retries)
+    v |= _orphans(runs, jobs, kills, finals, unowned) | {"ran_unacknowledged": len(unowned)}
     v |= _limits(runs, config, stops) | _rates(runs, config, float(config.get("rate_slack", 0.1)))
     v |= _fan_in(acked, jobs) | _cron(runs, finals, config) | {"drain_s": _drain(events)}
     failures = "lost unexpected_final fencing over_run succeeded_twice unrescued limit_violations rate_violations"
@@ -473,7 +509,7 @@ def summary_table(verdict: Mapping[str, Any]) -> str:
     fan, cron, rescue = verdict["fan_in"], verdict["cron"], verdict["rescue_s"] or {}
     rows = [("verdict", "OK" if verdict["ok"] else "FAIL")]
     heads = "jobs executions ticks lost unexpected_final store_mismatch unacked_jobs duplicate_keys fencing over_run"
-    heads += " succeeded_twice interrupted orphaned"
+    heads += " succeeded_twice interrupted orphaned epoch_reused_after_crash ran_unacknowledged"
     rows += [(k, verdict[k]) for k in (*heads.split(), "rescued", "unrescued")]
     rows += [("rescue_s p50 / max", f"{rescue.get('p50', '-')} / {rescue.get('max', '-')}")]
     rows += [(f"limit {k} peak / max", f"{x['peak']} / {x['max']}") for k, x in verdict["limits"].items()]
