@@ -287,6 +287,10 @@ def test_fan_in_a_child_must_start_after_its_parents_succeeded() -> None:
     v = judge(early, acks)
     assert (v["fan_in"]["violations"], v["ok"]) == (1, False)
     assert v["fan_in"]["examples"] == [["c", "epoch 1: started 0.500s before p2 ended ok"]]
+    # A crash lost the parents' successes and the child's run after them: both ran again, the parents first.
+    crashed = [*good, *ran("p1", 2, 12, 10, 11), *ran("p2", 2, 12, 10, 11), *ran("c", 1, 12, 11.5, 12, parents_ok=True)]
+    v = judge(crashed, acks, [ev("kill", 3.1, pid=10), ev("kill", 3.1, pid=11)])
+    assert (v["fan_in"]["violations"], v["ok"]) == (0, True)
 
 
 def test_fan_in_parents_ok_false_or_a_parent_that_never_succeeded() -> None:

@@ -376,13 +376,14 @@ def _rates(runs: Sequence[Run], config: Row, slack: float) -> Row:
 
 
 def _fan_in(acked: Mapping[str, Row], jobs: Mapping[str, list[Run]]) -> Row:
-    """Children (acked with parents): every start must follow the latest ok end of each parent (a parent with
-    no ok end is a violation), and every ok end must report ``parents_ok`` true (missing counts as false).
-    ``violations`` counts children with any problem; ``examples`` lists ``[child, problem]``."""
+    """Children (acked with parents): every start must follow an ok end of each parent (the first: a crash
+    that loses the parents' successes and the child's run after them re-runs both, and the child's second
+    start follows the parents' second successes), and every ok end must report ``parents_ok`` true (missing
+    counts as false). ``violations`` counts children with any problem; ``examples`` lists ``[child, problem]``."""
     done: dict[str, float] = {}
     for r in (r for rs in jobs.values() for r in rs):
         if r.outcome == "ok" and r.end is not None:
-            done[r.job] = max(done.get(r.job, r.end), r.end)
+            done[r.job] = min(done.get(r.job, r.end), r.end)
     flows = ran = violations = 0
     examples: list[list[str]] = []
     for job, ack in sorted(acked.items()):
