@@ -57,7 +57,7 @@ def _memory(line: dict[str, Any]) -> str:
     longest = memory.get("child_longest")
     if longest:
         text += f"; longest-lived process {longest['first_kb'] // 1024} → {longest['last_kb'] // 1024} MiB"
-        text += f" over {longest['span_s'] // 60} min"
+        text += f" over {longest['span_s']} s"
     return text
 
 
