@@ -31,16 +31,15 @@ BANNER = re.compile(r"(trioq serving on (http://\S+)|trioq worker (\S+):)")
 
 
 class Events:
-    """The harness's own log (``events.jsonl``): one JSON line per act or sighting, flushed."""
+    """The harness's own log (``events.jsonl``): one JSON line per act or sighting, flushed (the verdict
+    reads the file back; nothing is kept in memory)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: IO[str] = path.open("a")
-        self.lines: list[dict[str, Any]] = []
 
     def __call__(self, ev: str, **fields: Any) -> dict[str, Any]:
         line = {"t": time.time(), "ev": ev, **fields}
-        self.lines.append(line)
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
         return line

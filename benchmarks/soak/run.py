@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -130,16 +131,17 @@ async def _sample(fleet: Fleet, producer: Any, every: float, into: list[dict[str
         await trio.sleep(every)
 
 
-async def _drain(producer: Any, timeout: float) -> bool:
-    """Until the queue holds no unfinished job (``False`` if ``timeout`` passed first)."""
+async def _drain(producer: Any, timeout: float, errors: Counter[str]) -> bool:
+    """Until the queue holds no unfinished job (``False`` if ``timeout`` passed first). A poll that fails
+    (the store may be restarting still) is counted in ``errors`` by exception type and asked again."""
     with trio.move_on_after(timeout):
         while True:
             try:
                 jobs = (await producer.stats())["jobs"]
                 if sum(jobs.get(state, 0) for state in UNFINISHED) == 0:
                     return True
-            except Exception:  # the store may be restarting still: asked again below
-                pass
+            except Exception as exc:
+                errors[f"drain:{type(exc).__name__}"] += 1
             await trio.sleep(0.5)
     return False
 
@@ -194,7 +196,7 @@ async def _phases(settings: Settings, fleet: Fleet, producer: Any, events: Event
                 stop.set()
             events("chaos_end", backlog=await _backlog(producer))
             await fleet.settle(60.0)
-            drained = await _drain(producer, settings.drain_timeout)
+            drained = await _drain(producer, settings.drain_timeout, load.errors)
             if drained:
                 events("drained")
             finals = await _read_back(producer)
