@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
-from typing import NoReturn
 
 import pytest
 import trio
 import trio.lowlevel
 
-from .pgcluster import Cluster, ExternalCluster, start_cluster
+from .pgcluster import Cluster, ExternalCluster, no_postgres, start_cluster
 
 pytest_plugins = ["pytester"]
 
@@ -44,20 +42,14 @@ async def task_tracker() -> AsyncIterator[TaskTracker]:
 _database_numbers = itertools.count()
 
 
-def _no_postgres(why: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"PostgreSQL is required under CI: {why}")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Cluster | ExternalCluster]:
     """One PostgreSQL server for the session: a throwaway local cluster, or ``TRIOQ_PG_DSN``'s."""
     if importlib.util.find_spec("psycopg") is None:
-        _no_postgres("psycopg is not installed (pip install 'psycopg[binary]')")
+        no_postgres("psycopg is not installed (pip install 'psycopg[binary]')")
     cluster = start_cluster()
     if cluster is None:
-        _no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
+        no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
     try:
         yield cluster
     finally:

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 DSN_ENV = "TRIOQ_PG_DSN"
 
@@ -299,6 +299,16 @@ def _create_database(dsn: str, name: str) -> None:
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def no_postgres(why: str) -> NoReturn:
+    """A test that needs PostgreSQL and cannot have it: a failure under ``CI`` (a missing service must
+    never pass unseen there), a skip elsewhere."""
+    import pytest  # only the tests call this; the benchmarks import this module without pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"PostgreSQL is required under CI: {why}")
+    pytest.skip(why)
 
 
 def start_cluster() -> Cluster | ExternalCluster | None:

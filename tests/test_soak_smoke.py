@@ -17,22 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.pgcluster import DSN_ENV, find_bindir
+from tests.pgcluster import DSN_ENV, find_bindir, no_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
 
-def _no_postgres(why: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"PostgreSQL is required under CI: {why}")
-    pytest.skip(why)
-
-
 def test_soak_smoke_postgres(tmp_path: Path) -> None:
     if find_bindir() is None and not os.environ.get(DSN_ENV):
-        _no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
+        no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
     command = [sys.executable, "-m", "benchmarks.soak", "--store", "postgres", "--duration", "60s"]
     command += ["--rate", "30", "--workers", "2", "--slots", "8", "--kill-every", "8", "--slow-seconds", "6"]
     command += ["--db-restart-every", "35", "--drain-timeout", "90", "--out", str(tmp_path / "run"), "--no-save"]
