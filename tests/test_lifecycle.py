@@ -239,3 +239,48 @@ def test_importing_trioq_loads_neither_pytest_nor_the_http_stack() -> None:
     code = f"import sys, trioq; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class _RoundTripStore(MemoryStore):
+    """A MemoryStore whose ``complete`` first waits ``wait`` seconds, cancellably, before it applies
+    anything: as PostgresStore's does for a thread token and a pooled connection (``trio.to_thread``
+    checks for a cancel before it starts). ``batch`` is its ``batch_outcomes``."""
+
+    def __init__(self, *, batch: bool, wait: float) -> None:
+        super().__init__()
+        self.batch_outcomes = batch
+        self.wait = wait
+
+    async def complete(self, outcomes: Any) -> Any:
+        await trio.sleep(self.wait)
+        return await super().complete(outcomes)
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "inline"])
+async def test_an_outcome_on_its_way_when_the_grace_ends_is_recorded(
+    autojump_clock: trio.testing.MockClock, batch: bool
+) -> None:
+    # The chaos soak's finding: a handler returned just before the grace ran
+    # out, the cancel at its end stopped the store call carrying the success
+    # before it applied, the session's end released the job, and another node
+    # ran it again. An outcome handed to the store must be recorded.
+    registry = trioq.Registry()
+    runs: list[int] = []
+
+    @registry.task
+    async def slow(ctx: trioq.JobContext) -> str:
+        runs.append(ctx.attempt)
+        await trio.sleep(4.5)  # returns 0.5 s before the grace (5 s) ends
+        return "done"
+
+    store = _RoundTripStore(batch=batch, wait=1.0)  # the success reaches the store 0.5 s after it
+    async with trioq.open_queue(registry, store=store, workers=1, shutdown_grace=5) as queue:
+        job = await queue.enqueue("slow")
+        await trio.testing.wait_all_tasks_blocked()
+        assert runs == [1]
+    store.wait = 0.0
+    async with trioq.open_queue(registry, store=store, workers=1, shutdown_grace=5) as queue:
+        await trio.sleep(10)  # a released job would run again here
+        final = await queue.get(job.id)
+    assert (final.state, final.attempts, final.result) == (JobState.SUCCEEDED, 1, "done")
+    assert runs == [1]

@@ -6,7 +6,8 @@ call costs less than a hand-off to another task would, and keeps a drain's
 start latency. With a store whose every call is a round trip, workers hand
 their outcomes over and move on; :meth:`Completer.run` sends what gathered
 as one batch (River's batch completer), the next batch while the previous
-one is in flight.
+one is in flight. An outcome handed over is recorded, whatever cancels the
+worker or the completer meanwhile (shutdown's end, a crash of the pool).
 
 :meth:`Completer.extend_leases` renews the node's lease on its running jobs
 every third of the lease; a job the store says is no longer held (cancelled
@@ -63,7 +64,8 @@ class Completer:
         """Record ``outcome`` of the attempt of ``job`` (as claimed) that began at ``started``
         (``perf_counter()``): inline, or handed to :meth:`run`'s next batch."""
         if not self.batched:
-            states = await self._store.complete((outcome,))
+            with trio.CancelScope(shield=True):  # see _send
+                states = await self._store.complete((outcome,))
             self.count(outcome, states[0], job, started)
             return
         self._pending.append((outcome, job, started))
@@ -97,7 +99,11 @@ class Completer:
         self._gathered = trio.Event()
         batch, self._pending = self._pending, []
         if batch:
-            states = await self._store.complete([outcome for outcome, _, _ in batch])
+            # Shielded: an outcome handed over is recorded even when a cancel (the end of the
+            # shutdown grace) comes while the store call waits to start; dropped, it would leave
+            # its job running, for the session's end to release and another node to run again.
+            with trio.CancelScope(shield=True):
+                states = await self._store.complete([outcome for outcome, _, _ in batch])
             for (outcome, job, started), state in zip(batch, states, strict=True):
                 self.count(outcome, state, job, started)
         if not self._pending:

@@ -354,7 +354,13 @@ class WorkerPool:
                 if completer.batched:
                     await completer.complete(outcome, job, me.started)
                 else:  # inline, one call less: the hottest call of a drain
-                    state = (await self._store.complete((outcome,)))[0]
+                    try:
+                        state = (await self._store.complete((outcome,)))[0]
+                    except trio.Cancelled:
+                        # Cut off (the grace ran out) before the store may have applied it: the
+                        # completer sends it again, shielded; one applied already is refused.
+                        await completer.complete(outcome, job, me.started)
+                        raise
                     if state is _SUCCEEDED and not debug and type(outcome) is Succeeded:
                         self._totals.succeeded += 1  # Completer.count's first case, unrolled
                         self._on_outcome()
