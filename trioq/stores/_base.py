@@ -396,7 +396,9 @@ class Store(Protocol):
         outcome's content: an unstorable result fails its job without retry,
         an error text is kept made storable. Need not be durable when it
         returns (the log commits the records with its next batch); whoever
-        reports an outcome calls :meth:`sync` first.
+        reports an outcome calls :meth:`sync` first. A call a cancel stops is
+        made again by the runtime, so an outcome applied already must be
+        refused the second time (its epoch no longer runs), never applied twice.
         """
         ...
 

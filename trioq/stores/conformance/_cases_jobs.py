@@ -477,6 +477,26 @@ class CompleteCases(CaseBase):
         assert await store.complete(late) == [None] * len(late)
         assert await store.get(claimed.id) == done
 
+    @pytest.mark.parametrize("kind", ["succeed", "retry", "fail", "release", "snooze"])
+    async def test_an_outcome_sent_twice_applies_once(self, store: Store, harness: Harness, kind: str) -> None:
+        """The same outcome sent again (the runtime resends one whose call a cancel stopped) is refused:
+        the job stays as the first one left it, even where its epoch is unchanged (a retry waiting)."""
+        await store.add([harness.job(max_attempts=3)])
+        claimed = await claim_one(store)
+        outcomes: dict[str, Outcome] = {
+            "succeed": Succeeded(claimed.id, claimed.epoch, 1),
+            "retry": Failed(claimed.id, claimed.epoch, "E: once", retry_in=0.0),
+            "fail": Failed(claimed.id, claimed.epoch, "E: once", retry_in=None),
+            "release": Released(claimed.id, claimed.epoch),
+            "snooze": Snoozed(claimed.id, claimed.epoch, 0.0),
+        }
+        outcome = outcomes[kind]
+        assert await complete_one(store, outcome) is not None
+        after = await store.get(claimed.id)
+        assert await complete_one(store, outcome) is None
+        assert await store.complete([outcome, outcome]) == [None, None]
+        assert await store.get(claimed.id) == after
+
     async def test_fail_schedules_retry(self, store: Store, harness: Harness) -> None:
         """A failure with attempts left schedules the job ``retry_in`` after the store's now, counted."""
         clock = harness.clock
