@@ -1,4 +1,4 @@
-"""What the benchmark scripts (``core.py``, ``wal.py``, ``seed_orchd.py``) share.
+"""What the benchmark scripts (``core.py``, ``wal.py``, ``seed_orchd.py``, ``shop.py``, ``soak``) share.
 
 The scripts import this module as ``_common``: run as ``python benchmarks/X.py``
 (from any directory), Python puts ``benchmarks/`` first on ``sys.path``.
@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +263,22 @@ async def drain_channel(
                 nursery.start_soon(bare_worker, receive, handler)
         elapsed = perf_counter() - t0
     return elapsed
+
+
+@contextlib.contextmanager
+def pg_server(dsn: str | None) -> Iterator[tuple[Any, str]]:
+    """``(cluster, where)``: ``dsn``'s server (an ``ExternalCluster``, never stopped nor restarted), or a
+    throwaway cluster from the Debian binaries (``tests/pgcluster.py``), stopped on the way out. Either
+    makes fresh databases (``create_database``); ``where`` says which it is, for the JSON line."""
+    from tests.pgcluster import ExternalCluster, start_cluster
+
+    if dsn is not None:
+        yield ExternalCluster(dsn), "--dsn"
+        return
+    cluster = start_cluster()
+    if cluster is None:
+        raise SystemExit("no PostgreSQL binaries found (initdb, pg_ctl); pass --dsn or set TRIOQ_PG_DSN")
+    try:
+        yield cluster, "throwaway cluster (tests/pgcluster.py)"
+    finally:
+        cluster.stop()

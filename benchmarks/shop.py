@@ -50,7 +50,6 @@ clock). One JSON line (``section: "shop"``) per run on stdout, appended to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -64,7 +63,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,7 @@ for _path in (_ROOT / "examples", _ROOT):
 import trio  # noqa: E402
 
 import trioq  # noqa: E402
-from benchmarks._common import env_line, logger, percentile, r3  # noqa: E402
+from benchmarks._common import env_line, logger, percentile, pg_server, r3  # noqa: E402
 
 from shop import FakeGateway, LocalDB, OutOfStock, PostgresDB, Shop, registry, use  # noqa: E402
 from shop.api import place_order  # noqa: E402
@@ -458,25 +457,6 @@ class Child:
         if self.process.stdout is not None:
             self.process.stdout.close()
         self._stderr.close()
-
-
-@contextlib.contextmanager
-def pg_server(dsn: str | None) -> Iterator[tuple[Any, str]]:
-    """``(dsn maker, where)``: a fresh database on ``dsn``'s server, or on a throwaway cluster."""
-    from tests.pgcluster import start_cluster
-
-    if dsn is not None:
-        from tests.pgcluster import ExternalCluster
-
-        yield ExternalCluster(dsn), "--dsn"
-        return
-    cluster = start_cluster()
-    if cluster is None:
-        raise SystemExit("no PostgreSQL binaries found (initdb, pg_ctl); pass --dsn or set TRIOQ_PG_DSN")
-    try:
-        yield cluster, "throwaway cluster (tests/pgcluster.py)"
-    finally:
-        cluster.stop()
 
 
 def _lock_limit_row(dsn: str, hold: float, out: dict[str, Any]) -> None:

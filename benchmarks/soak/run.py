@@ -35,6 +35,7 @@ import attrs
 import trio
 
 import trioq
+from benchmarks._common import pg_server
 
 from . import app, verdict
 from .load import Load
@@ -73,18 +74,11 @@ def _python() -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def _postgres(settings: Settings) -> AsyncIterator[tuple[Any, str]]:
-    """``(cluster, dsn)`` of a fresh database (``cluster.can_restart`` says if the chaos may restart it)."""
-    from tests.pgcluster import ExternalCluster, start_cluster
-
-    cluster: Any = ExternalCluster(settings.dsn) if settings.dsn else await trio.to_thread.run_sync(start_cluster)
-    if cluster is None:
-        raise SystemExit("no PostgreSQL binaries found (initdb, pg_ctl): pass --dsn")
-    try:
+async def _postgres(settings: Settings) -> AsyncIterator[tuple[Any, str, str]]:
+    """``(cluster, dsn, where)`` of a fresh database (``cluster.can_restart`` says if the chaos may restart it)."""
+    with pg_server(settings.dsn) as (cluster, where):  # blocks while a cluster starts: nothing runs yet
         name = f"soak_{os.getpid()}_{int(time.time())}"
-        yield cluster, await trio.to_thread.run_sync(cluster.create_database, name)
-    finally:
-        await trio.to_thread.run_sync(cluster.stop)
+        yield cluster, await trio.to_thread.run_sync(cluster.create_database, name), where
 
 
 async def _chaos(settings: Settings, fleet: Fleet, events: Events, cluster: Any, stop: trio.Event) -> dict[str, int]:
@@ -118,16 +112,20 @@ async def _chaos(settings: Settings, fleet: Fleet, events: Events, cluster: Any,
     return counts
 
 
-async def _sample(fleet: Fleet, producer: Any, every: float, into: list[dict[str, Any]]) -> None:
-    """Every ``every`` s: the RSS of this process and of each child, and the queue's backlog."""
+async def _sample(fleet: Fleet, producer: Any, into: list[dict[str, Any]]) -> None:
+    """The RSS of this process and of each child, and the queue's backlog, now."""
+    now = time.time()
+    backlog = await _backlog(producer)
+    if backlog is not None:
+        into.append({"t": now, "role": "queue", "backlog": sum(backlog.values())})
+    into.append({"t": now, "role": "harness", "pid": os.getpid(), "rss_kb": rss_kb(os.getpid())})
+    for child in fleet.children:
+        into.append({"t": now, "role": "child", "pid": child.pid, "rss_kb": rss_kb(child.pid)})
+
+
+async def _sample_every(every: float, fleet: Fleet, producer: Any, into: list[dict[str, Any]]) -> None:
     while True:
-        now = time.time()
-        backlog = await _backlog(producer)
-        if backlog is not None:
-            into.append({"t": now, "role": "queue", "backlog": sum(backlog.values())})
-        into.append({"t": now, "role": "harness", "pid": os.getpid(), "rss_kb": rss_kb(os.getpid())})
-        for child in fleet.children:
-            into.append({"t": now, "role": "child", "pid": child.pid, "rss_kb": rss_kb(child.pid)})
+        await _sample(fleet, producer, into)
         await trio.sleep(every)
 
 
@@ -187,7 +185,13 @@ async def _phases(settings: Settings, fleet: Fleet, producer: Any, events: Event
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fleet.watch)
-            nursery.start_soon(_sample, fleet, producer, settings.sample_every, memory)
+            sampling = trio.CancelScope()
+
+            async def sample() -> None:
+                with sampling:
+                    await _sample_every(settings.sample_every, fleet, producer, memory)
+
+            nursery.start_soon(sample)
             async with trio.open_nursery() as timed:
                 timed.start_soon(load.enqueue, stop)
                 timed.start_soon(load.cancel_and_retry, stop)
@@ -199,6 +203,10 @@ async def _phases(settings: Settings, fleet: Fleet, producer: Any, events: Event
             drained = await _drain(producer, settings.drain_timeout, load.errors)
             if drained:
                 events("drained")
+            # The memory samples end here: the read-back below holds every job of the run in this
+            # process (the verdict's copy), which is the harness's memory, not the queue's.
+            sampling.cancel()
+            await _sample(fleet, producer, memory)
             finals = await _read_back(producer)
             nursery.cancel_scope.cancel()
     finally:
@@ -256,7 +264,7 @@ async def soak(settings: Settings) -> dict[str, Any]:
     stopped: list[int] = []
     store_checks: dict[str, Any]
     if settings.store == "postgres":
-        async with _postgres(settings) as (cluster, dsn):
+        async with _postgres(settings) as (cluster, dsn, server):
 
             def worker() -> list[str]:
                 return [*_python(), "worker", "--postgres", dsn, "--lease", str(settings.lease), *common]
@@ -273,7 +281,6 @@ async def soak(settings: Settings) -> dict[str, Any]:
             finally:
                 fleet.kill_all()
             store_checks = await trio.to_thread.run_sync(_pg_checks, dsn)
-            server = "throwaway cluster (tests/pgcluster.py)" if cluster.can_restart else "--dsn or TRIOQ_PG_DSN"
     else:
         from tests.pgcluster import free_port
         from trioq.client import AsyncClient
