@@ -144,8 +144,11 @@ def test_over_run_unless_a_kill_excuses_the_completion() -> None:
     # Killed within the window, but the job did not start again after the kill: the outcome had reached the
     # store (the run at 5 s was not a rescue of this one), so the kill excuses nothing.
     assert judge(journal, acks, [ev("kill", 5.5, pid=10)], finals)["over_run"] == 1
-    # A kill before the end excuses nothing either (the end line was written, the pid still lived).
+    # A kill well before the end excuses nothing either (the end line was written, the pid still lived)...
     assert judge(journal, acks, [ev("kill", 0.5, pid=10)], finals)["over_run"] == 1
+    # ... but one logged a moment before it does: the signal was on its way (logged, then sent, then delivered).
+    v = judge(journal, acks, [ev("kill", 0.99, pid=10)], finals)
+    assert (v["over_run"], v["interrupted"], v["ok"]) == (0, 1, True)
     assert judge(journal, acks, [ev("kill", 2.5, pid=10)], finals, {"lost_window": 1.0})["over_run"] == 1
 
 
