@@ -102,6 +102,18 @@ class FlowCases(CaseBase):
         assert "no-such-job" in str(caught.value)
         assert await store.counts() == zero_counts()
 
+    async def test_an_unknown_parent_is_invalid_even_when_the_key_finds_a_job(
+        self, store: Store, harness: Harness
+    ) -> None:
+        """The parents are checked before the keys: a key that finds a job does not excuse a parent the
+        store does not hold (found by the model-based run on PostgreSQL, whose add checked them only for
+        the rows it inserted)."""
+        (held,) = await store.add([harness.job(key="k1")])
+        with pytest.raises(InvalidJob) as caught:
+            await store.add([harness.job(key="k1", after=["no-such-job"])])
+        assert caught.value.field is not None and caught.value.field.endswith("after")
+        assert await store.get(held.id) == held
+
     async def test_a_childs_delay_counts_from_its_enqueue(self, store: Store, harness: Harness) -> None:
         """Released while its ``run_at`` is ahead, a child is scheduled for then; once it has passed, ready."""
         parent, later, soon = await store.add(

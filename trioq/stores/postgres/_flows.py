@@ -221,11 +221,13 @@ def _add(
     holders = _key_holders(cur, s, rows)
     effective, fresh, parents = _resolve(rows, holders)
     mine = {job_id for job_id, new in zip(effective, fresh, strict=True) if new}
-    named = {p for ps, new in zip(parents, fresh, strict=True) if new for p in ps if p not in mine}
+    # Every parent must be held, a row's whose key finds a job too (the other stores check the
+    # batch's parents before its keys: a request naming an unknown parent is refused either way).
+    named = {p for ps in parents for p in ps if p not in mine}
     states = lock_parents(cur, s, sorted(named))
-    for i, (ps, new) in enumerate(zip(parents, fresh, strict=True)):
+    for i, ps in enumerate(parents):
         for p in ps:
-            if new and p not in mine and p not in states:
+            if p not in mine and p not in states:
                 raise unknown_parent(p, f"{_where(i if len(rows) > 1 else None)}after")
     # Each new row's state, in batch order (a parent of the batch is decided before its children).
     state_of: dict[str, str] = dict(states)
