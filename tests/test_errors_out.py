@@ -18,6 +18,8 @@ from trioq._runtime.exits import primary_error
 from trioq.stores import ClaimRequest
 from trioq.stores.wal import _writer
 
+from ._sigint import default_sigint, warn_if_sigint_is_not_default
+
 
 class _BrokenClaims(trioq.MemoryStore):
     """A MemoryStore whose claims fail once ``broken`` is set, like a store whose disk went away."""
@@ -135,8 +137,14 @@ _DOUBLE_SIGINT = textwrap.dedent(
 def test_two_quick_sigints_come_out_as_one_keyboard_interrupt(tmp_path: Path) -> None:
     script = tmp_path / "double_sigint.py"
     script.write_text(_DOUBLE_SIGINT)
+    warn_if_sigint_is_not_default()
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), "6"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(script), str(tmp_path), "6"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=default_sigint,  # only signal calls between fork and exec
     )
     assert done.stdout.split() == ["KeyboardInterrupt"] * 6, done.stdout + done.stderr
 
