@@ -246,19 +246,26 @@ class _RoundTripStore(MemoryStore):
     anything: as PostgresStore's does for a thread token and a pooled connection (``trio.to_thread``
     checks for a cancel before it starts). ``batch`` is its ``batch_outcomes``."""
 
-    def __init__(self, *, batch: bool, wait: float) -> None:
+    def __init__(self, *, batch: bool, wait: float, nursery: bool = False) -> None:
         super().__init__()
         self.batch_outcomes = batch
         self.wait = wait
+        self.nursery = nursery  # wait in a task of its own nursery: a cancel comes out in a group
 
     async def complete(self, outcomes: Any) -> Any:
-        await trio.sleep(self.wait)
+        if self.nursery:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep, self.wait)
+        else:
+            await trio.sleep(self.wait)
         return await super().complete(outcomes)
 
 
-@pytest.mark.parametrize("batch", [True, False], ids=["batched", "inline"])
+@pytest.mark.parametrize(
+    ("batch", "nursery"), [(True, False), (False, False), (False, True)], ids=["batched", "inline", "inline-group"]
+)
 async def test_an_outcome_on_its_way_when_the_grace_ends_is_recorded(
-    autojump_clock: trio.testing.MockClock, batch: bool
+    autojump_clock: trio.testing.MockClock, batch: bool, nursery: bool
 ) -> None:
     # The chaos soak's finding: a handler returned just before the grace ran
     # out, the cancel at its end stopped the store call carrying the success
@@ -273,7 +280,7 @@ async def test_an_outcome_on_its_way_when_the_grace_ends_is_recorded(
         await trio.sleep(4.5)  # returns 0.5 s before the grace (5 s) ends
         return "done"
 
-    store = _RoundTripStore(batch=batch, wait=1.0)  # the success reaches the store 0.5 s after it
+    store = _RoundTripStore(batch=batch, wait=1.0, nursery=nursery)  # the success reaches the store 0.5 s after it
     async with trioq.open_queue(registry, store=store, workers=1, shutdown_grace=5) as queue:
         job = await queue.enqueue("slow")
         await trio.testing.wait_all_tasks_blocked()

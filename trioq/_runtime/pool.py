@@ -356,10 +356,12 @@ class WorkerPool:
                 else:  # inline, one call less: the hottest call of a drain
                     try:
                         state = (await self._store.complete((outcome,)))[0]
-                    except trio.Cancelled:
-                        # Cut off (the grace ran out) before the store may have applied it: the
-                        # completer sends it again, shielded; one applied already is refused.
-                        await completer.complete(outcome, job, me.started)
+                    except BaseException as exc:
+                        # Cut off (the grace ran out; the cancel may come in a group, from a store's
+                        # own nursery) before the store may have applied it: the completer sends it
+                        # again, shielded; one applied already is refused.
+                        if without_cancelled(exc) is None:
+                            await completer.complete(outcome, job, me.started)
                         raise
                     if state is _SUCCEEDED and not debug and type(outcome) is Succeeded:
                         self._totals.succeeded += 1  # Completer.count's first case, unrolled
