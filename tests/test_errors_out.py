@@ -18,7 +18,7 @@ from trioq._runtime.exits import primary_error
 from trioq.stores import ClaimRequest
 from trioq.stores.wal import _writer
 
-from ._sigint import default_sigint, warn_if_sigint_is_not_default
+from ._sigint import default_sigint
 
 
 class _BrokenClaims(trioq.MemoryStore):
@@ -137,7 +137,6 @@ _DOUBLE_SIGINT = textwrap.dedent(
 def test_two_quick_sigints_come_out_as_one_keyboard_interrupt(tmp_path: Path) -> None:
     script = tmp_path / "double_sigint.py"
     script.write_text(_DOUBLE_SIGINT)
-    warn_if_sigint_is_not_default()
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path), "6"],
         capture_output=True,

@@ -25,7 +25,7 @@ import trioq
 from trioq import Backoff, JobState
 
 from . import handlers
-from ._sigint import default_sigint, warn_if_sigint_is_not_default
+from ._sigint import default_sigint
 from .test_serve import AUTH, Server
 
 NO_WAIT = Backoff(base=0.0, jitter=0.0)
@@ -139,7 +139,6 @@ def test_a_real_sigint_landing_in_a_handler_stops_the_queue_uncounted(tmp_path: 
     script = tmp_path / "busy.py"
     script.write_text(_SIGINT_SCRIPT)
     wal = tmp_path / "wal"
-    warn_if_sigint_is_not_default()
     child = subprocess.Popen(
         [sys.executable, str(script), str(wal)],
         stdout=subprocess.PIPE,
