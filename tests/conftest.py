@@ -47,7 +47,7 @@ def pg_cluster() -> Iterator[Cluster | ExternalCluster]:
     """One PostgreSQL server for the session: a throwaway local cluster, or ``TRIOQ_PG_DSN``'s."""
     if importlib.util.find_spec("psycopg") is None:
         no_postgres("psycopg is not installed (pip install 'psycopg[binary]')")
-    cluster = start_cluster()
+    cluster = start_cluster(in_memory=True)
     if cluster is None:
         no_postgres("no PostgreSQL binaries found (apt-get install postgresql), and TRIOQ_PG_DSN is not set")
     try:

@@ -1,8 +1,8 @@
 """A throwaway PostgreSQL cluster for one test session.
 
-:func:`start_cluster` runs ``initdb`` into a fresh temporary directory and starts
-a server on 127.0.0.1 and a free port, or, when ``TRIOQ_PG_DSN`` is set, wraps
-that server instead. It returns ``None`` when neither is available, so the
+:func:`start_cluster` runs ``initdb`` into a fresh temporary directory (on tmpfs
+when asked and there is room) and starts a server on 127.0.0.1 and a free port,
+or, when ``TRIOQ_PG_DSN`` is set, wraps that server instead. It returns ``None`` when neither is available, so the
 caller decides whether that is a skip or a failure.
 
 A started cluster is stopped, and its directory removed, by :meth:`Cluster.stop`,
@@ -51,6 +51,11 @@ START_TIMEOUT = 30  # seconds pg_ctl waits for the server to come up (or go down
 INITDB_TIMEOUT = 120
 START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it
 LOG_TAIL_LINES = 40
+# in_memory=True: the data directory goes under this tmpfs when it has this much room.
+# A session creates a database per test and a schema per conformance case, tens of
+# thousands of small files; on tmpfs creating and removing them costs no disk I/O.
+MEMORY_DIR = Path("/dev/shm")
+MEMORY_DIR_MIN_FREE = 4 << 30
 
 # Runs in its own session (Ctrl-C does not reach it). It blocks on a pipe from
 # the test process; end of file means that process is gone, so stop the server
@@ -101,6 +106,19 @@ def _traversable_by_others(path: Path) -> bool:
     return all(os.stat(p).st_mode & stat.S_IXOTH for p in [path, *path.parents])
 
 
+def _memory_dir_usable() -> bool:
+    """Whether :data:`MEMORY_DIR` exists, is writable and reachable by the postgres user, and has room."""
+    try:
+        room = os.statvfs(MEMORY_DIR)
+    except OSError:
+        return False
+    return (
+        os.access(MEMORY_DIR, os.W_OK | os.X_OK)
+        and _traversable_by_others(MEMORY_DIR)
+        and room.f_bavail * room.f_frsize >= MEMORY_DIR_MIN_FREE
+    )
+
+
 class ExternalCluster:
     """A server named by ``TRIOQ_PG_DSN``: not ours to stop or restart."""
 
@@ -133,11 +151,13 @@ class Cluster:
 
     can_restart = True
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, in_memory: bool = False) -> None:
         self.bindir = bindir
         self._as_root = os.geteuid() == 0
-        parent = None
-        if self._as_root and not _traversable_by_others(Path(tempfile.gettempdir())):
+        parent: str | None = None
+        if in_memory and _memory_dir_usable():
+            parent = str(MEMORY_DIR)
+        elif self._as_root and not _traversable_by_others(Path(tempfile.gettempdir())):
             parent = "/tmp"  # the postgres user must be able to reach the data directory
         self._tmpdir = Path(tempfile.mkdtemp(prefix="trioq-pg-", dir=parent))
         self._tmpdir.chmod(0o755)
@@ -311,15 +331,19 @@ def no_postgres(why: str) -> NoReturn:
     pytest.skip(why)
 
 
-def start_cluster() -> Cluster | ExternalCluster | None:
-    """The session's server: ``TRIOQ_PG_DSN``'s, else a new local cluster, else None (no binaries)."""
+def start_cluster(*, in_memory: bool = False) -> Cluster | ExternalCluster | None:
+    """The session's server: ``TRIOQ_PG_DSN``'s, else a new local cluster, else None (no binaries).
+
+    ``in_memory``: put a new cluster's data directory on tmpfs (:data:`MEMORY_DIR`) when it is
+    there with room, else in the usual temporary directory. The test session asks for it; the
+    benchmarks do not, so their figures stay measured on disk as before."""
     dsn = os.environ.get(DSN_ENV)
     if dsn:
         return ExternalCluster(dsn)
     bindir = find_bindir()
     if bindir is None:
         return None
-    cluster = Cluster(bindir)
+    cluster = Cluster(bindir, in_memory=in_memory)
     started = time.monotonic()
     try:
         cluster.start()
