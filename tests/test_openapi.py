@@ -248,7 +248,7 @@ async def _send(client: Any, case: Case, authorization: str | None) -> CheckedRe
 
 @pytest.mark.parametrize(("path", "method"), OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
 @settings(
-    max_examples=50,
+    max_examples=30,
     derandomize=True,
     database=None,
     deadline=None,
