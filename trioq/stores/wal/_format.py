@@ -141,6 +141,9 @@ KNOWN_TYPES = frozenset(RECORDS)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
+#: The CRC32C of each type byte: a frame's CRC covers its type byte, then its payload, so the
+#: payload's CRC continues from this without joining the two first.
+_TYPE_CRCS = tuple(crc32c(bytes((kind,))) for kind in range(256))
 
 
 class WALCorruption(TrioqError):
@@ -179,8 +182,8 @@ def frame(kind: int, fields: Any) -> bytes:
     :mod:`._records`), in order, trailing defaults left off or not: the hot
     path, which builds no struct (``TableStore._record`` hands tuples).
     """
-    body = bytes((kind,)) + _encoder.encode(fields)
-    return _FRAME.pack(len(body) - 1, crc32c(body), kind) + body[1:]
+    payload = _encoder.encode(fields)
+    return _FRAME.pack(len(payload), crc32c(payload, _TYPE_CRCS[kind]), kind) + payload
 
 
 def frame_record(record: Record) -> bytes:
@@ -191,8 +194,8 @@ def frame_record(record: Record) -> bytes:
 def commit_frame(batch: int, start: int = 0, chunk_crcs: tuple[int, ...] = ()) -> bytes:
     """The commit marker of a batch that began at file offset ``start`` (see :func:`chunk_crcs`)."""
     crcs = b"".join(_CHUNK_CRC.pack(c) for c in chunk_crcs)
-    body = bytes((COMMIT,)) + _COMMIT_BODY.pack(COMMIT_MAGIC, batch, start) + crcs
-    return _FRAME.pack(len(body) - 1, crc32c(body), COMMIT) + body[1:]
+    payload = _COMMIT_BODY.pack(COMMIT_MAGIC, batch, start) + crcs
+    return _FRAME.pack(len(payload), crc32c(payload, _TYPE_CRCS[COMMIT]), COMMIT) + payload
 
 
 def commit_info(payload: bytes | memoryview) -> tuple[int, int, bool]:
