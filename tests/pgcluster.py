@@ -1,9 +1,10 @@
 """A throwaway PostgreSQL cluster for one test session.
 
-:func:`start_cluster` runs ``initdb`` into a fresh temporary directory (on tmpfs
-when asked and there is room) and starts a server on 127.0.0.1 and a free port,
-or, when ``TRIOQ_PG_DSN`` is set, wraps that server instead. It returns ``None`` when neither is available, so the
-caller decides whether that is a skip or a failure.
+:func:`start_cluster` runs ``initdb`` into a fresh temporary directory (in
+``/dev/shm`` when asked and there is room) and starts a server on 127.0.0.1 and
+a free port, or, when ``TRIOQ_PG_DSN`` is set, wraps that server instead. It
+returns ``None`` when neither is available, so the caller decides whether that
+is a skip or a failure.
 
 A started cluster is stopped, and its directory removed, by :meth:`Cluster.stop`,
 which the session fixture calls; an ``atexit`` hook calls it too (an interrupted
@@ -51,7 +52,8 @@ START_TIMEOUT = 30  # seconds pg_ctl waits for the server to come up (or go down
 INITDB_TIMEOUT = 120
 START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it
 LOG_TAIL_LINES = 40
-# in_memory=True: the data directory goes under this tmpfs when it has this much room.
+# in_memory=True: the data directory goes under this directory (tmpfs on Linux) when it and
+# the machine's available memory both have this much room (a session's cluster holds 1-2 GB).
 # A session creates a database per test and a schema per conformance case, tens of
 # thousands of small files; on tmpfs creating and removing them costs no disk I/O.
 MEMORY_DIR = Path("/dev/shm")
@@ -106,8 +108,22 @@ def _traversable_by_others(path: Path) -> bool:
     return all(os.stat(p).st_mode & stat.S_IXOTH for p in [path, *path.parents])
 
 
+def _available_memory() -> int:
+    """``MemAvailable`` from ``/proc/meminfo`` in bytes (0 when it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _memory_dir_usable() -> bool:
-    """Whether :data:`MEMORY_DIR` exists, is writable and reachable by the postgres user, and has room."""
+    """Whether :data:`MEMORY_DIR` exists, is writable and reachable by the postgres user, and it
+    and the available memory both have :data:`MEMORY_DIR_MIN_FREE` free (a tmpfs larger than a
+    container's memory limit would otherwise pass)."""
     try:
         room = os.statvfs(MEMORY_DIR)
     except OSError:
@@ -116,6 +132,7 @@ def _memory_dir_usable() -> bool:
         os.access(MEMORY_DIR, os.W_OK | os.X_OK)
         and _traversable_by_others(MEMORY_DIR)
         and room.f_bavail * room.f_frsize >= MEMORY_DIR_MIN_FREE
+        and _available_memory() >= MEMORY_DIR_MIN_FREE
     )
 
 
