@@ -267,18 +267,19 @@ async def drain_channel(
 
 @contextlib.contextmanager
 def pg_server(dsn: str | None) -> Iterator[tuple[Any, str]]:
-    """``(cluster, where)``: ``dsn``'s server (an ``ExternalCluster``, never stopped nor restarted), or a
-    throwaway cluster from the Debian binaries (``tests/pgcluster.py``), stopped on the way out. Either
-    makes fresh databases (``create_database``); ``where`` says which it is, for the JSON line."""
-    from tests.pgcluster import ExternalCluster, start_cluster
+    """``(cluster, where)``: ``dsn``'s server, else ``TRIOQ_PG_DSN``'s (an ``ExternalCluster``, never
+    stopped nor restarted), else a throwaway cluster from the Debian binaries (``tests/pgcluster.py``),
+    stopped on the way out. Each makes fresh databases (``create_database``) and has a ``dsn`` of its
+    own; ``where`` says which it is, for the JSON line."""
+    from tests.pgcluster import DSN_ENV, ExternalCluster, start_cluster
 
-    if dsn is not None:
+    if dsn:
         yield ExternalCluster(dsn), "--dsn"
         return
     cluster = start_cluster()
     if cluster is None:
-        raise SystemExit("no PostgreSQL binaries found (initdb, pg_ctl); pass --dsn or set TRIOQ_PG_DSN")
+        raise SystemExit(f"no PostgreSQL binaries found (initdb, pg_ctl); pass --dsn or set {DSN_ENV}")
     try:
-        yield cluster, "throwaway cluster (tests/pgcluster.py)"
+        yield cluster, DSN_ENV if isinstance(cluster, ExternalCluster) else "throwaway cluster (tests/pgcluster.py)"
     finally:
         cluster.stop()

@@ -92,6 +92,7 @@ from benchmarks._common import (  # noqa: E402
     median,
     percentile,
     perf_counter,
+    pg_server,
     r3,
     registry,
     run,
@@ -818,23 +819,6 @@ def section_rescue(dsn: str, rounds: int, cases: tuple[bool, ...], jobs: int = 8
 # --------------------------------------------------------------------- main
 
 
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[tuple[str, str]]:
-    """The DSN to measure on, and where it came from."""
-    if dsn:
-        yield dsn, "--dsn"
-        return
-    from tests.pgcluster import DSN_ENV, start_cluster
-
-    cluster = start_cluster()
-    if cluster is None:
-        raise SystemExit("no PostgreSQL binaries found (initdb, pg_ctl); pass --dsn or set " + DSN_ENV)
-    try:
-        yield cluster.dsn, DSN_ENV if os.environ.get(DSN_ENV) else "throwaway cluster (tests/pgcluster.py)"
-    finally:
-        cluster.stop()
-
-
 def server_version(dsn: str) -> str:
     with connect(dsn) as conn:
         return str(conn.execute("SHOW server_version").fetchone()[0])
@@ -851,7 +835,8 @@ def main() -> None:
 
     quick = args.quick
     started = perf_counter()
-    with server(args.dsn) as (dsn, source):
+    with pg_server(args.dsn) as (cluster, source):
+        dsn = cluster.dsn
         emit(env_line(quick, postgres=server_version(dsn), server=source, loadavg_1m=round(os.getloadavg()[0], 2)))
         for name in (args.only,) if args.only else SECTIONS:
             t0 = perf_counter()
