@@ -53,7 +53,8 @@ INITDB_TIMEOUT = 120
 START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it
 LOG_TAIL_LINES = 40
 # in_memory=True: the data directory goes under this directory (tmpfs on Linux) when it and
-# the machine's available memory both have this much room (a session's cluster holds 1-2 GB).
+# the machine's available memory both have this much room (the PostgreSQL-heavy third of a
+# session, its conformance cases and listing tests, left 350 MB of data here).
 # A session creates a database per test and a schema per conformance case, tens of
 # thousands of small files; on tmpfs creating and removing them costs no disk I/O.
 MEMORY_DIR = Path("/dev/shm")

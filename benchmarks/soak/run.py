@@ -76,7 +76,8 @@ def _python() -> list[str]:
 @contextlib.asynccontextmanager
 async def _postgres(settings: Settings) -> AsyncIterator[tuple[Any, str, str]]:
     """``(cluster, dsn, where)`` of a fresh database (``cluster.can_restart`` says if the chaos may restart it)."""
-    with pg_server(settings.dsn) as (cluster, where):  # blocks while a cluster starts: nothing runs yet
+    # Blocks the trio thread while a cluster starts and while it stops: nothing else runs then.
+    with pg_server(settings.dsn) as (cluster, where):
         name = f"soak_{os.getpid()}_{int(time.time())}"
         yield cluster, await trio.to_thread.run_sync(cluster.create_database, name), where
 

@@ -10,9 +10,9 @@ An *execution* is one ``start`` line, paired with the ``end`` line of the same `
 (several starts of one key pair with its ends in time order). An execution is *interrupted* when it
 has no end, its end is ``cancelled``, or its pid got a ``kill`` within ``lost_window`` seconds after
 its ok/error end (or :data:`KILL_LANDS` before it, the signal in flight) *and* the job started again
-after that kill (the completion evidently did not
-reach the store; without a later start it did, and the execution counts). Only interrupted executions
-excuse a job running more often than its attempts allow or succeeding more than once.
+after that kill (the completion evidently did not reach the store; without a later start it did, and
+the execution counts). Only interrupted executions excuse a job running more often than its attempts
+allow or succeeding more than once.
 
 Where ``finals`` carry each job's ``epoch``, the store's final state must match the journal
 (``store_mismatch``): a succeeded job has an ok end under its final epoch, a dead one an error end
