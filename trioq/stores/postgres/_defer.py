@@ -271,11 +271,11 @@ def add(
             else:
                 states.append("scheduled" if job.delay > 0 else "ready")
                 pending += 1
-        if not wanted and len(rows) >= sql._COPY_FROM:
+        if not wanted and len(rows) >= sql.COPY_FROM:
             sql._copy(cur, s, rows, now, notify, states)
             inserted = set(ids)
         else:
-            inserted = sql._insert(cur, s, rows, hashes, now, notify, states)
+            inserted, _ = sql._insert(cur, s, rows, hashes, now, notify, states)
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
         found = [None] * len(rows) if not missing else sql._holders(cur, s, rows, hashes, missing, inserted=inserted)
     return found, [st if job_id in inserted else "" for job_id, st in zip(ids, states, strict=True)], admitted

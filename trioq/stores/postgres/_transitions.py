@@ -66,8 +66,11 @@ from ._sql import run as _run
 
 __all__ = [
     "Claimed",
+    "COPY_FROM",
+    "Claiming",
     "Promoted",
     "add",
+    "add_claiming",
     "cancel",
     "claim",
     "claimed_with",
@@ -99,7 +102,7 @@ MAX_BATCH = 500
 PREPARED_BATCH = 8
 #: Batches of at least this many jobs, none with a key, are inserted with COPY (faster than INSERT
 #: past a few hundred rows; it cannot skip a conflicting key).
-_COPY_FROM = 200
+COPY_FROM = 200
 
 
 def key_hash(key: str) -> bytes:
@@ -130,23 +133,75 @@ def add(
     ids = [r[0] for r in rows]
     hashes = [None if r[1].key is None else key_hash(r[1].key) for r in rows]
     with _cur(conn) as cur:
-        if retried and _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone():
+        if retried and _committed(cur, s, ids):
             # The first try committed: every job is in (all or nothing), or its key's holder is.
             return _holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids))
-        if max_pending is None and len(rows) >= _COPY_FROM and all(h is None for h in hashes):
+        if max_pending is None and len(rows) >= COPY_FROM and all(h is None for h in hashes):
             with conn.transaction():
                 _copy(cur, s, rows, now, notify)
             return [None] * len(rows)
         if max_pending is None:
-            inserted = _insert(cur, s, rows, hashes, now, notify)
+            inserted, _ = _insert(cur, s, rows, hashes, now, notify)
         else:
             with conn.transaction():
                 _admit(cur, s, rows, hashes, max_pending)
-                inserted = _insert(cur, s, rows, hashes, now, notify)
+                inserted, _ = _insert(cur, s, rows, hashes, now, notify)
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
         if not missing:
             return [None] * len(rows)
         return _holders(cur, s, rows, hashes, missing, inserted=inserted)
+
+
+@attrs.frozen
+class Claiming:
+    """What :func:`add_claiming` may claim of the rows it inserts, for ``node``'s idle workers, under claim
+    ``token``: each row ``rows`` marks, if it goes in (no key holder stops it) and ready, its queue is not
+    paused, and no job of ``queues`` (``None``: of any queue) was ready before it. The caller marks what a
+    claim of that node would take of the rows alone (no delay, a queue it serves, no limit key when it
+    declares limits, at most its idle workers, best first)."""
+
+    node: str
+    token: str
+    rows: tuple[bool, ...]
+    queues: tuple[str, ...] | None
+
+
+def add_claiming(
+    conn: Any,
+    s: str,
+    rows: Sequence[tuple[str, NewJob, str]],
+    now: float,
+    notify: tuple[str, str] | None,
+    claiming: Claiming,
+    *,
+    retried: bool = False,
+) -> tuple[list[Job | None], list[str]]:
+    """:func:`add` without a bound (and without COPY: the caller sends few rows), which also claims rows
+    as ``claiming`` says, in the same statement: one commit for both. Returns :func:`add`'s answer and
+    the ids claimed, which run under epoch 1 for ``claiming.node``; the NOTIFY goes out only if a ready
+    job is left.
+
+    Why the claim is the add's: a node whose workers wait enqueues a job that they would claim next;
+    claimed by the add, the job starts one commit sooner (the claim's own commit is the wait).
+    """
+    ids = [r[0] for r in rows]
+    hashes = [None if r[1].key is None else key_hash(r[1].key) for r in rows]
+    with _cur(conn) as cur:
+        if retried and _committed(cur, s, ids):
+            # The first try committed unseen: what it claimed is running under its token, and is this
+            # try's to hand over (nobody else knows of it).
+            taken = [job.id for job in claimed_with(conn, s, claiming.node, claiming.token)]
+            return _holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids)), taken
+        inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
+        missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
+        if not missing:
+            return [None] * len(rows), taken
+        return _holders(cur, s, rows, hashes, missing, inserted=inserted), taken
+
+
+def _committed(cur: Any, s: str, ids: list[str]) -> bool:
+    """Whether an earlier try of an add of ``ids`` committed (all or nothing: one of them is in)."""
+    return _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone() is not None
 
 
 def _admit(cur: Any, s: str, rows: Sequence[tuple[str, NewJob, str]], hashes: list[bytes | None], bound: int) -> None:
@@ -181,34 +236,68 @@ def _insert(
     now: float,
     notify: tuple[str, str] | None,
     states: Sequence[str] | None = None,
-) -> set[str]:
-    """Insert what no key holder stops, with the NOTIFY, in one statement; the ids inserted.
+    *,
+    claiming: Claiming | None = None,
+) -> tuple[set[str], list[str]]:
+    """Insert what no key holder stops, with the NOTIFY, in one statement; the ids inserted, and those
+    claimed as ``claiming`` says (see :func:`add_claiming`; none without it).
 
     The arrays travel in binary (``%b``): a batch of 1,000 is 15% faster so. ``states``: each row's
     state (``_defer``'s, which may defer some), instead of ready or scheduled by its delay.
     """
-    notice = ", (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))" if notify is not None else ""
+    assert states is None or claiming is None
     state = "CASE WHEN u.delay > 0 THEN 'scheduled' ELSE 'ready' END" if states is None else "u.state"
     extra = ("", "") if states is None else (", %b::text[]", ", state")
+    head: tuple[Any, ...] = ()
+    tail: tuple[Any, ...] = ()
+    columns = ""
+    rows_in = (
+        "unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[], %b::bytea[], %b::bigint[],"
+        f"  %b::float8[], %b::text[], %b::text[], %b::float8[], %b::text[]{extra[0]}) WITH ORDINALITY"
+        "  AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, queue, tenant, deadline, limits"
+        f"{extra[1]}, ord)"
+    )
+    left = "SELECT 1 FROM ins"
+    if claiming is not None:
+        # A row runs if marked, ready, its queue not paused, and nothing was ready before it (the probe
+        # reads one entry of jobs_ready or jobs_queue_ready): what a claim of the node would take first.
+        state = "CASE WHEN u.delay > 0 THEN 'scheduled' WHEN u.run THEN 'running' ELSE 'ready' END"
+        columns = ", epoch, node, claim"
+        served = "" if claiming.queues is None else " AND queue = ANY(%b::text[])"
+        rows_in = (
+            f"(SELECT u.*, (u.delay <= 0 AND t.take AND u.queue NOT IN (SELECT queue FROM {s}.paused)"
+            f"  AND NOT EXISTS (SELECT 1 FROM {s}.jobs WHERE state = 'ready' AND parked IS NULL{served})) AS run"
+            f" FROM {rows_in} JOIN unnest(%b::bool[]) WITH ORDINALITY AS t(take, ord) ON t.ord = u.ord) u"
+        )
+        # Parameters in the text's order: the select list's (node, token, then the derived table's
+        # queues) before the arrays, the marks after them.
+        head = (claiming.node, claiming.token, *(() if claiming.queues is None else (list(claiming.queues),)))
+        tail = (list(claiming.rows),)
+        left = "SELECT 1 FROM ins WHERE state = 'ready'"
+    notice = f", (SELECT pg_notify(%s, %s) WHERE EXISTS ({left}))" if notify is not None else ""
+    runs = (
+        ", CASE WHEN u.run THEN 1 ELSE 0 END, CASE WHEN u.run THEN %s END, CASE WHEN u.run THEN %s END"
+        if claiming is not None
+        else ""
+    )
     _run(
         cur,
         f"WITH ins AS (INSERT INTO {s}.jobs"
         " (id, task, payload, state, priority, key, key_hash, max_attempts, run_at, created_at, queue, tenant,"
-        "  deadline, limits)"
+        f"  deadline, limits{columns})"
         f" SELECT u.id, u.task, u.payload::json, {state},"
         "  u.priority, u.key, u.key_hash, u.max_attempts, %s + u.delay, %s, u.queue, u.tenant, %s + u.deadline,"
-        "  coalesce(u.limits::text[], '{}')"
-        " FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[], %b::bytea[], %b::bigint[],"
-        f"  %b::float8[], %b::text[], %b::text[], %b::float8[], %b::text[]{extra[0]}) WITH ORDINALITY"
-        "  AS u(id, task, payload, priority, key, key_hash, max_attempts, delay, queue, tenant, deadline, limits"
-        f"{extra[1]}, ord)"
+        f"  coalesce(u.limits::text[], '{{}}'){runs}"
+        f" FROM {rows_in}"
         " ORDER BY u.ord"
-        f" ON CONFLICT DO NOTHING RETURNING id)"
-        f" SELECT ARRAY(SELECT id FROM ins){notice}",
+        f" ON CONFLICT DO NOTHING RETURNING id, state)"
+        " SELECT ARRAY(SELECT id FROM ins), ARRAY(SELECT id FROM ins WHERE state = 'running')"
+        f"{notice}",
         (
             now,
             now,
             now,
+            *head,
             [r[0] for r in rows],
             [r[1].task for r in rows],
             [r[2] for r in rows],
@@ -222,10 +311,12 @@ def _insert(
             [r[1].deadline for r in rows],
             [encode_limits(r[1].limits) for r in rows],
             *(() if states is None else (list(states),)),
+            *tail,
             *(notify or ()),
         ),
     )
-    return set(_row(cur)[0])
+    row = _row(cur)
+    return set(row[0]), list(row[1])
 
 
 def _copy(

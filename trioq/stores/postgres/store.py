@@ -59,7 +59,7 @@ NOTIFY_EVERY = 0.002
 OPEN_TIMEOUT = 15.0
 #: How long a call keeps retrying while the database cannot be reached (a restart, a failover).
 OUTAGE = 60.0
-_READY, _SCHEDULED, _DEFERRED = JobState.READY, JobState.SCHEDULED, JobState.DEFERRED
+_READY, _SCHEDULED, _DEFERRED, _RUNNING = JobState.READY, JobState.SCHEDULED, JobState.DEFERRED, JobState.RUNNING
 _OUTCOMES = (Succeeded, Failed, Released, Snoozed)
 #: Seconds between sweeps of run-out rate states, and how far before now a swept ``tat`` must lie
 #: (so that nodes whose clocks run up to that far behind still find the rows that matter to them).
@@ -517,20 +517,36 @@ class PostgresStore:
         return self._added(rows, found, now, announce=True, states=states)
 
     async def _insert(
-        self, rows: list[_Row], max_pending: int | None
+        self, rows: list[_Row], max_pending: int | None, *, claim: bool = False
     ) -> tuple[list[Job | None], float, list[str] | None]:
         """Insert ``rows`` in one statement at the store's now: what :func:`sql.add` found, that now, and
-        (``defer_past`` set) each row's state as inserted (see ``_defer.add``).
+        (``defer_past`` set, or ``claim``) each row's state as inserted (see ``_defer.add``).
 
-        Other nodes hear of the ready jobs inside the statement, or from the
-        notifier soon after when a NOTIFY went out within :data:`NOTIFY_EVERY`.
+        ``claim``: the statement may claim some of the jobs for this node's
+        idle workers (:meth:`_claiming`), handed to them here, and ``"running"``
+        in their states. Other nodes hear of the ready jobs inside the
+        statement, or from the notifier soon after when a NOTIFY went out
+        within :data:`NOTIFY_EVERY`.
         """
         config = self._open()
         now = config.clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         notify = self._inline_notify(ready)
         states: list[str] | None = None
-        if config.defer_past is None:
+        claiming = self._claiming(rows, now) if claim and max_pending is None and config.defer_past is None else None
+        if claiming is not None:
+            found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
+            running = set(taken)
+            states = ["running" if job_id in running else "" for job_id, _, _ in rows]
+            inserted = [
+                was is None and job.delay <= 0 and job_id not in running
+                for was, (job_id, job, _) in zip(found, rows, strict=True)
+            ]
+            if running:
+                config.on_claimed(
+                    [_new_job(row, now, _RUNNING, 1) for row, state in zip(rows, states, strict=True) if state]
+                )
+        elif config.defer_past is None:
             found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
             inserted = [was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True)]
         else:
@@ -567,8 +583,10 @@ class PostgresStore:
         return _found(rows, out, [i for i, new in enumerate(inserted) if not new])
 
     async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float, str]]:
-        """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``."""
-        found, now, states = await self._insert(rows, None)
+        """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``; it
+        may claim some for this node's idle workers (one statement at a time: no two adds claim for the
+        same workers)."""
+        found, now, states = await self._insert(rows, None, claim=True)
         if states is None:
             return [(was, now, "") for was in found]
         return [(was, now, state) for was, state in zip(found, states, strict=True)]
@@ -640,21 +658,22 @@ class PostgresStore:
         out: list[Job] = []
         held: list[int] = []
         ready = 0
-        for i, ((job_id, job, _), existing) in enumerate(zip(rows, found, strict=True)):
+        for i, (row, existing) in enumerate(zip(rows, found, strict=True)):
+            job = row[1]
             if existing is not None:
                 out.append(existing)
                 held.append(i)
                 continue
             run_at = now + job.delay
+            epoch = 0
             if states is not None and states[i] == "deferred":
                 state = _DEFERRED
+            elif states is not None and states[i] == "running":
+                state, epoch = _RUNNING, 1  # claimed by the add for this node's workers (see _insert)
             else:
                 state = _SCHEDULED if run_at > now else _READY
             deadline = None if job.deadline is None else now + job.deadline
-            out.append(
-                Job(job_id, job.task, job.payload, state, 0, 0, job.priority, job.key, job.max_attempts, run_at, now,
-                    None, None, None, (), job.queue, job.tenant, deadline, job.limits)
-            )  # fmt: skip
+            out.append(_new_job(row, now, state, epoch))
             if state is _READY:
                 ready += 1
             elif announce and config is not None and state is _SCHEDULED:
@@ -829,6 +848,32 @@ class PostgresStore:
             return _handoff.Take(None, (wanted[None],), f"{self._claims}", keyed)
         queues = sorted(q for q in wanted if q is not None)
         return _handoff.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
+
+    def _claiming(self, rows: list[_Row], now: float) -> sql.Claiming | None:
+        """What an add of ``rows`` may claim for this node's idle workers (see :func:`sql.add_claiming`):
+        as :meth:`_take` allows, the rows a claim would take, best first (priority, then the order
+        given), at most the idle workers of each queue served; ``None`` when none (or too many rows for
+        the statement that can claim). A row of a queue paused unbeknown to this node (another node
+        paused it) may take a mark the statement then refuses: that job waits for an ordinary claim."""
+        if len(rows) >= sql.COPY_FROM:
+            return None
+        take = self._take(now)
+        if take is None:
+            return None
+        room = dict(zip(take.queues or (None,), take.counts, strict=True))
+        marks = [False] * len(rows)
+        for i in sorted(range(len(rows)), key=lambda i: -rows[i][1].priority):
+            job = rows[i][1]
+            served: str | None = None if take.queues is None else job.queue
+            if job.delay > 0 or (take.keyed and job.limits) or job.queue in self._paused_known:
+                continue
+            if room.get(served, 0) <= 0:
+                continue
+            room[served] -= 1
+            marks[i] = True
+        if not any(marks):
+            return None
+        return sql.Claiming(self._open().node, take.token, tuple(marks), take.queues)
 
     async def rescue(self) -> int:
         config = self._open()
@@ -1020,6 +1065,14 @@ class PostgresStore:
     async def ticks(self) -> dict[str, float]:
         """Each cron schedule's last tick (or baseline), by name."""
         return await _cron.ticks(self)
+
+
+def _new_job(row: _Row, now: float, state: JobState, epoch: int) -> Job:
+    """The snapshot of ``row`` as an add at ``now`` left it: in ``state``, under ``epoch`` (1: claimed)."""
+    job_id, job, _ = row
+    deadline = None if job.deadline is None else now + job.deadline
+    return Job(job_id, job.task, job.payload, state, 0, epoch, job.priority, job.key, job.max_attempts,
+               now + job.delay, now, None, None, None, (), job.queue, job.tenant, deadline, job.limits)  # fmt: skip
 
 
 def _where(rows: Sequence[_Row], i: int) -> str:

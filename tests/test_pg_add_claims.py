@@ -1,0 +1,189 @@
+"""PostgresStore: an enqueue that claims its own jobs for the node's idle workers (``_transitions.add_claiming``).
+
+While a node's workers wait, an add of ready jobs claims, in its own statement, those a claim of the
+node would take first: none while another job is ready in a queue it serves, none of a paused queue,
+none delayed, none holding a limit key when the node declares limits, the best first, at most its
+idle workers (``StoreConfig.takers``); they go to ``StoreConfig.on_claimed`` under epoch 1. Sessions
+run on a fake wall clock, except the last test, which runs a queue on the real one.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+import trio
+
+import trioq
+from trioq import Job, JobState, Limit
+from trioq.stores import ClaimRequest, NewJob, StoreConfig, Succeeded
+from trioq.stores._base import no_limits
+from trioq.stores.postgres import _transitions as sql
+
+from .pgplans import Clock
+
+pytestmark = pytest.mark.slow
+
+
+def _job(
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    delay: float = 0.0,
+    limits: tuple[str, ...] = (),
+    key: str | None = None,
+) -> NewJob:
+    return NewJob("t", {}, priority, key, 3, delay, queue, None, None, limits)
+
+
+@asynccontextmanager
+async def _node(
+    dsn: str, takers: dict[str | None, int], handed: list[Job], *, limits: bool = False
+) -> AsyncIterator[trioq.PostgresStore]:
+    """A session of node "a" whose idle workers are ``takers`` (read at each call); its lease is known
+    (one empty claim), as a running node's is."""
+    store = trioq.PostgresStore(dsn, schema=f"ac_{secrets.token_hex(4)}")
+    config = StoreConfig(
+        clock=Clock(),
+        node="a",
+        takers=lambda: dict(takers),
+        on_claimed=handed.extend,
+        limits=(lambda key: Limit(key, max=1)) if limits else no_limits,
+    )
+    async with store.session(config):
+        assert await store.claim(ClaimRequest(node="a", limit=1, lease=30.0)) == []
+        yield store
+
+
+async def _state(store: trioq.PostgresStore, job: Job) -> tuple[JobState, int]:
+    got = await store.get(job.id)
+    return got.state, got.epoch
+
+
+async def test_an_add_claims_for_idle_workers_and_its_claim_completes(pg_dsn: str) -> None:
+    handed: list[Job] = []
+    async with _node(pg_dsn, {None: 1}, handed) as store:
+        (job,) = await store.add([_job()])
+        assert (job.state, job.epoch) == (JobState.RUNNING, 1)
+        assert handed == [job]
+        assert await _state(store, job) == (JobState.RUNNING, 1)
+        assert await store.complete([Succeeded(job.id, 1, "ok")]) == [JobState.SUCCEEDED]
+        assert (await store.get(job.id)).attempts == 1
+
+
+async def test_an_add_without_idle_workers_claims_nothing(pg_dsn: str) -> None:
+    handed: list[Job] = []
+    async with _node(pg_dsn, {}, handed) as store:
+        (job,) = await store.add([_job()])
+        assert await _state(store, job) == (JobState.READY, 0)
+        assert handed == []
+
+
+async def test_an_add_claims_nothing_while_another_job_is_ready(pg_dsn: str) -> None:
+    """A job ready before the add is what a claim takes first: the add leaves its own."""
+    takers: dict[str | None, int] = {}
+    handed: list[Job] = []
+    async with _node(pg_dsn, takers, handed) as store:
+        (waiting,) = await store.add([_job(priority=-5)])
+        takers[None] = 2
+        (job,) = await store.add([_job(priority=5)])
+        assert job.state is JobState.READY and handed == []
+        assert [got.id for got in await store.claim(ClaimRequest(node="a", limit=2, lease=30.0))] == [
+            job.id,
+            waiting.id,
+        ]
+
+
+async def test_an_add_claims_the_best_of_its_rows_up_to_the_idle_workers(pg_dsn: str) -> None:
+    """Of one add's rows: the highest priority first, then the order given; delayed and paused ones never."""
+    handed: list[Job] = []
+    async with _node(pg_dsn, {None: 2}, handed) as store:
+        await store.pause("held")
+        low, later, high, paused, same = await store.add(
+            [_job(), _job(delay=60.0, priority=9), _job(priority=3), _job(queue="held", priority=9), _job(priority=3)]
+        )
+        assert [job.id for job in handed] == [high.id, same.id]
+        assert [(await _state(store, job))[0] for job in (low, later, high, paused, same)] == [
+            JobState.READY, JobState.SCHEDULED, JobState.RUNNING, JobState.READY, JobState.RUNNING,
+        ]  # fmt: skip
+
+
+async def test_an_add_claims_nothing_of_a_queue_another_node_paused(pg_dsn: str) -> None:
+    """The statement reads the pause itself: this node has not heard of it."""
+    handed: list[Job] = []
+    async with _node(pg_dsn, {None: 1}, handed) as store:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {store.schema}.paused (queue, paused_at) VALUES ('default', 0)")
+        (job,) = await store.add([_job()])
+        assert job.state is JobState.READY and handed == []
+        assert await _state(store, job) == (JobState.READY, 0)
+
+
+async def test_an_add_claims_only_for_the_queues_whose_workers_wait(pg_dsn: str) -> None:
+    handed: list[Job] = []
+    async with _node(pg_dsn, {"q1": 1}, handed) as store:
+        other, mine, more = await store.add([_job(queue="q2"), _job(queue="q1"), _job(queue="q1")])
+        assert handed == [mine]
+        assert [(await _state(store, job))[0] for job in (other, mine, more)] == [
+            JobState.READY, JobState.RUNNING, JobState.READY,
+        ]  # fmt: skip
+
+
+async def test_an_add_leaves_a_keyed_job_when_the_node_declares_limits(pg_dsn: str) -> None:
+    """A job holding a limit key goes through the limit path's claim, which counts the key's slots."""
+    handed: list[Job] = []
+    async with _node(pg_dsn, {None: 2}, handed, limits=True) as store:
+        keyed, plain = await store.add([_job(limits=("k",), priority=9), _job()])
+        assert handed == [plain]
+        assert keyed.state is JobState.READY
+
+
+async def test_a_key_holder_found_by_the_add_is_answered_not_claimed(pg_dsn: str) -> None:
+    handed: list[Job] = []
+    takers: dict[str | None, int] = {}
+    async with _node(pg_dsn, takers, handed) as store:
+        (first,) = await store.add([_job(key="k1")])
+        await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))  # running: nothing else is ready
+        takers[None] = 1
+        added = await store.add([_job(key="k1")])
+        assert added[0].id == first.id and added.existing == {0}
+        assert handed == []
+
+
+async def test_a_retried_add_answers_what_its_first_try_claimed(pg_dsn: str) -> None:
+    """An add whose first try committed unseen (a broken connection) finds, on the retry, the jobs that try
+    claimed: none is left running unseen on a live node."""
+    handed: list[Job] = []
+    async with _node(pg_dsn, {}, handed) as store:
+        rows = [(f"r-{i}", _job(), "{}") for i in range(3)]
+        claiming = sql.Claiming("a", "t7", (True, False, True), None)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            first = sql.add_claiming(conn, store.schema, rows, 100.0, None, claiming)
+            again = sql.add_claiming(conn, store.schema, rows, 100.0, None, claiming, retried=True)
+        assert first == ([None] * 3, ["r-0", "r-2"])
+        assert again[0] == [None] * 3 and sorted(again[1]) == ["r-0", "r-2"]
+
+
+async def test_an_idle_node_starts_a_job_its_enqueue_claimed(pg_dsn: str) -> None:
+    """Through the runtime on the real clock: once the workers wait, an enqueue claims its job (epoch 1 in
+    the answer) and a worker runs it once."""
+    registry = trioq.Registry()
+    ran: list[str] = []
+
+    @registry.task
+    async def note(ctx: trioq.JobContext) -> None:
+        ran.append(ctx.job.id)
+
+    store = trioq.PostgresStore(pg_dsn, schema=f"ac_{secrets.token_hex(4)}")
+    async with trioq.open_queue(registry, store=store, workers=2) as queue:
+        with trio.fail_after(10):
+            while store._open().takers() != {None: 2}:  # noqa: ASYNC110 - both park once their claim is back
+                await trio.sleep(0.01)
+        job = await queue.enqueue("note")
+        assert (job.state, job.epoch) == (JobState.RUNNING, 1)
+        done = await queue.wait(job.id, timeout=10)
+    assert (done.state, done.attempts, done.epoch) == (JobState.SUCCEEDED, 1, 1)
+    assert ran == [job.id]
