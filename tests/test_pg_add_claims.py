@@ -41,13 +41,13 @@ def _job(
 
 @asynccontextmanager
 async def _node(
-    dsn: str, takers: dict[str | None, int], handed: list[Job], *, limits: bool = False
+    dsn: str, takers: dict[str | None, int], handed: list[Job], *, limits: bool = False, clock: Clock | None = None
 ) -> AsyncIterator[trioq.PostgresStore]:
     """A session of node "a" whose idle workers are ``takers`` (read at each call); its lease is known
     (one empty claim), as a running node's is."""
     store = trioq.PostgresStore(dsn, schema=f"ac_{secrets.token_hex(4)}")
     config = StoreConfig(
-        clock=Clock(),
+        clock=clock or Clock(),
         node="a",
         takers=lambda: dict(takers),
         on_claimed=handed.extend,
@@ -132,13 +132,62 @@ async def test_an_add_claims_only_for_the_queues_whose_workers_wait(pg_dsn: str)
         ]  # fmt: skip
 
 
-async def test_an_add_leaves_a_keyed_job_when_the_node_declares_limits(pg_dsn: str) -> None:
-    """A job holding a limit key goes through the limit path's claim, which counts the key's slots."""
+async def test_an_add_leaves_its_jobs_while_a_keyed_one_is_among_them(pg_dsn: str) -> None:
+    """With one idle worker and a keyed job first in priority, the limit path's claim decides: the add
+    claims neither."""
     handed: list[Job] = []
-    async with _node(pg_dsn, {None: 2}, handed, limits=True) as store:
+    async with _node(pg_dsn, {None: 1}, handed, limits=True) as store:
         keyed, plain = await store.add([_job(limits=("k",), priority=9), _job()])
-        assert handed == [plain]
-        assert keyed.state is JobState.READY
+        assert handed == [] and (keyed.state, plain.state) == (JobState.READY, JobState.READY)
+
+
+async def test_an_add_claims_nothing_while_a_job_this_node_knows_of_is_due(pg_dsn: str) -> None:
+    """A scheduled job whose time has come is what this node's next claim promotes and may take first."""
+    takers: dict[str | None, int] = {}
+    handed: list[Job] = []
+    clock = Clock()
+    async with _node(pg_dsn, takers, handed, clock=clock) as store:
+        (due,) = await store.add([_job(priority=10, delay=1.0)])
+        clock.now += 2
+        takers[None] = 1
+        (job,) = await store.add([_job()])
+        assert job.state is JobState.READY and handed == []
+        assert [got.id for got in await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))] == [due.id]
+
+
+async def test_a_worker_gets_the_stored_payload_not_the_callers_object(pg_dsn: str) -> None:
+    handed: list[Job] = []
+    async with _node(pg_dsn, {None: 1}, handed) as store:
+        xs = [1, 2]
+        await store.add([NewJob("t", {"xs": xs, "at": {"k": "v"}}, 0, None, 3, 0.0, "default", None, None, ())])
+        xs.append(3)
+        assert handed[0].payload == {"xs": [1, 2], "at": {"k": "v"}}
+
+
+async def test_jobs_a_failed_add_claimed_are_served_by_the_next_claim(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An add that committed its claim and then failed (here: the look-up of a key's holder) leaves no
+    job running unseen: the next claim finds it by the add's token."""
+    takers: dict[str | None, int] = {}
+    handed: list[Job] = []
+    async with _node(pg_dsn, takers, handed) as store:
+        (holder,) = await store.add([_job(key="k1")])
+        await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))  # running: nothing else is ready
+        takers[None] = 1
+
+        def lost(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("the job holding key 'k1' just went; enqueue again")
+
+        monkeypatch.setattr(sql, "_holders", lost)
+        with pytest.raises(RuntimeError, match="just went"):
+            await store.add([_job(key="k1"), _job(priority=5)])
+        monkeypatch.undo()
+        assert handed == []
+        (got,) = await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))
+        assert (got.state, got.epoch, got.priority) == (JobState.RUNNING, 1, 5)
+        assert await store.claim(ClaimRequest(node="a", limit=1, lease=30.0)) == []  # served once
+        assert holder.id != got.id
 
 
 async def test_a_key_holder_found_by_the_add_is_answered_not_claimed(pg_dsn: str) -> None:

@@ -266,7 +266,9 @@ def _schemas() -> dict[str, Any]:
         **job,
         "description": (
             "The job as enqueued: ready or scheduled; waiting for parents (after), or cancelled at once if one"
-            " ended dead or cancelled; in any state when its key found a job that holds it (that job)."
+            " ended dead or cancelled; deferred past max_ready; running when the enqueue claimed it for the"
+            " serving node's idle workers (PostgreSQL); in any state when its key found a job that holds it"
+            " (that job)."
         ),
         "required": [*job["required"], "duplicate"],
         "properties": {

@@ -179,7 +179,10 @@ class Queue:
         limits: Sequence[str] = (),
         after: Sequence[str] = (),
     ) -> Job:
-        """Add one job; returns its snapshot (``ready``, or ``scheduled`` with a delay).
+        """Add one job; returns its snapshot as the enqueue left it: ``ready`` (``scheduled`` with a delay,
+        ``waiting`` for parents, ``deferred`` past ``max_ready`` with ``overflow="defer"``), or, on a
+        store that claims as it adds (PostgreSQL, while this queue's workers wait), ``running`` under
+        epoch 1: a worker of this queue starts it.
 
         ``priority``, ``max_attempts`` and ``queue`` (the named queue it waits
         in) default to the task's. ``tenant`` names whom the job runs for.

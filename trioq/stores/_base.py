@@ -274,10 +274,11 @@ class StoreConfig:
     ``takers()``: how many claimed jobs this node's idle workers would take at
     once, by named queue (``None``: jobs of any queue), as a claim would ask;
     ``{}`` when none would. A store may then claim jobs for the node inside a
-    transition that makes them claimable (a parent's success releasing its
-    children), by the rules a claim follows (a new epoch, the node's lease),
-    at most that many, and hand them to ``on_claimed(jobs)``, which runs them
-    as if a claim had returned them. A store that does neither needs neither.
+    transition that makes them claimable (an add, a parent's success
+    releasing its children), by the rules a claim follows (a new epoch, the
+    node's lease, the jobs a claim would take first), at most that many, and
+    hand them to ``on_claimed(jobs)``, which runs them as if a claim had
+    returned them. A store that does neither needs neither.
     """
 
     clock: Callable[[], float]

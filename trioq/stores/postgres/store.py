@@ -41,7 +41,7 @@ from . import _admin, _cron, _defer, _flows, _handoff, _limits, _listing
 from . import _transitions as sql
 from ._gather import Gatherer
 from ._listener import listen
-from ._rows import encode_payload
+from ._rows import encode_payload, loads
 from ._schema import SCHEMA_VERSION, check_schema_name, current_version, ensure_fair_index, migrate
 
 __all__ = ["PostgresStore"]
@@ -199,6 +199,9 @@ class PostgresStore:
         #: a claim of every queue walks the queues instead of reading ``jobs_ready`` past their jobs.
         #: Only the plan depends on it; every claim reads the pauses themselves.
         self._paused_known: set[str] = set()
+        #: Claim tokens of adds that may have claimed jobs and then failed (see :meth:`_insert`): the next
+        #: claim finds any such job running under this node and serves it.
+        self._unsure: set[str] = set()
         #: Whether a deadline may be pending (one of this node's, or one promote or a claim saw): claims
         #: then read the next deadline too, to hear of other nodes' in time.
         self._deadlines_used = False
@@ -535,7 +538,12 @@ class PostgresStore:
         states: list[str] | None = None
         claiming = self._claiming(rows, now) if claim and max_pending is None and config.defer_past is None else None
         if claiming is not None:
-            found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
+            try:
+                found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
+            except BaseException:
+                # It may have committed (and claimed) before it failed: the next claim looks (claim()).
+                self._unsure.add(claiming.token)
+                raise
             running = set(taken)
             states = ["running" if job_id in running else "" for job_id, _, _ in rows]
             inserted = [
@@ -543,9 +551,15 @@ class PostgresStore:
                 for was, (job_id, job, _) in zip(found, rows, strict=True)
             ]
             if running:
-                config.on_claimed(
-                    [_new_job(row, now, _RUNNING, 1) for row, state in zip(rows, states, strict=True) if state]
-                )
+                # Best first, as a claim gives them; each a snapshot of its own (the payload decoded
+                # from what was stored, never the caller's object).
+                handed = [
+                    attrs.evolve(_new_job(row, now, _RUNNING, 1), payload=loads(row[2]))
+                    for row in rows
+                    if row[0] in running
+                ]
+                handed.sort(key=lambda job: -job.priority)
+                config.on_claimed(handed)
         elif config.defer_past is None:
             found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
             inserted = [was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True)]
@@ -724,9 +738,14 @@ class PostgresStore:
                 late = _expire(conn, schema, now, channel, me, watched, config.limits, config.fairness)
             return claimed
 
+        unsure = list(self._unsure)
+        recovered: list[Job] = []
+
         def claim(conn: Any, schema: str) -> sql.Claimed:
-            nonlocal tries, promoted, walk, probe, admitted
+            nonlocal tries, promoted, walk, probe, admitted, recovered
             tries += 1
+            # Jobs a failed add may have claimed for this node: served with this claim's.
+            recovered = [job for token in unsure for job in sql.claimed_with(conn, schema, request.node, token)]
             if promote and tries == 1:  # due run_at or deadlines this node knows of: before picking
                 promoted = _promote(conn, schema, now, channel, me, watched, config.limits, defer, fair)
                 walk = queues is None and bool(promoted[0].paused)
@@ -740,6 +759,9 @@ class PostgresStore:
 
         claim.__name__ = "claim"
         claimed = await self._call(claim)
+        if unsure:
+            self._unsure.difference_update(unsure)
+            claimed.extend(job for job in recovered if job not in claimed)
         if found:
             self._parent_results.keep(claimed, found)
         if promoted is not None:
@@ -855,8 +877,10 @@ class PostgresStore:
         given), at most the idle workers of each queue served; ``None`` when none (or too many rows for
         the statement that can claim). A row of a queue paused unbeknown to this node (another node
         paused it) may take a mark the statement then refuses: that job waits for an ordinary claim."""
-        if len(rows) >= sql.COPY_FROM:
-            return None
+        if len(rows) >= sql.COPY_FROM or now >= self._due:
+            return None  # (a due job this node knows of is promoted by its next claim, and may rank first)
+        if any(job.limits and job.delay <= 0 for _, job, _ in rows) and self._open().limits is not no_limits:
+            return None  # a keyed job goes through the limit path's claim, and may rank first
         take = self._take(now)
         if take is None:
             return None
@@ -865,9 +889,7 @@ class PostgresStore:
         for i in sorted(range(len(rows)), key=lambda i: -rows[i][1].priority):
             job = rows[i][1]
             served: str | None = None if take.queues is None else job.queue
-            if job.delay > 0 or (take.keyed and job.limits) or job.queue in self._paused_known:
-                continue
-            if room.get(served, 0) <= 0:
+            if job.delay > 0 or job.queue in self._paused_known or room.get(served, 0) <= 0:
                 continue
             room[served] -= 1
             marks[i] = True
