@@ -250,3 +250,42 @@ async def test_jobs_handed_to_the_producer_go_to_its_parked_workers() -> None:
             assert got == jobs and producer.takers() == 1
             producer.stop()
         assert got == [*jobs, None] and producer.takers() == 0
+
+
+class _GatedStore(MemoryStore):
+    """A MemoryStore whose claims each wait for the test to open their gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[trio.Event] = []
+        self.limits: list[int] = []
+
+    async def claim(self, request: ClaimRequest) -> list[trioq.Job]:
+        self.limits.append(request.limit)
+        gate = trio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return await super().claim(request)
+
+
+async def test_takers_leave_out_the_workers_a_claim_in_flight_is_for() -> None:
+    """A store that claims for the node on its own (``takers()``) must not claim for the parked workers
+    a claim in flight already asks for; those that park after it was sent are counted."""
+    store = _GatedStore()
+    async with store.session(StoreConfig(clock=lambda: 0.0, node="n")):
+        producer = Producer(store, node="n", lease=30.0, poll_interval=math.inf)
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(producer.take)
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.limits == [1] and producer.takers() == 2  # the claim in flight is its caller's own
+            store.gates[0].set()  # none ready: all three park
+            await trio.testing.wait_all_tasks_blocked()
+            assert producer.takers() == 3
+            producer.wake(1)  # one looks again, claiming for itself and the two parked
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.limits == [1, 3] and producer.takers() == 0
+            store.gates[1].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert producer.takers() == 3
+            producer.stop()

@@ -54,6 +54,7 @@ class Producer:
         self._generation = 0  # moves on with every hint: a claim that raced one looks again
         self._claimed: collections.deque[Job] = collections.deque()  # claimed, waiting for a worker
         self._claiming = False
+        self._asked = 0  # parked workers the claim in flight claims for (its caller aside)
         self._parked = 0  # workers parked in the lot (its len() is a Python call: this is the hot path)
         self._hinted = 0  # hints heard while a claim was in flight
         # Cancels heard while a claim was in flight that matched nothing yet: the claim may be
@@ -85,6 +86,7 @@ class Producer:
             if not self._claiming:
                 if not self._parked:  # the hot path: claim one for this worker, inline
                     self._claiming = True
+                    self._asked = 0
                     try:
                         jobs = await self._store.claim(self._one)
                     finally:
@@ -117,8 +119,9 @@ class Producer:
     async def _claim(self) -> Job | None:
         """Claim for this worker and the parked ones; the caller's job, or ``None`` if none was ready."""
         self._claiming = True
+        self._asked = self._parked
         try:
-            jobs = await self._store.claim(ClaimRequest(self._node, self._parked + 1, self._lease, self._queues))
+            jobs = await self._store.claim(ClaimRequest(self._node, self._asked + 1, self._lease, self._queues))
         finally:
             self._claiming = False
             if self._hinted:
@@ -161,10 +164,11 @@ class Producer:
         return jobs[0]
 
     def takers(self) -> int:
-        """How many claimed jobs the workers parked here would take at once (none once stopping)."""
+        """How many claimed jobs the workers parked here would take at once (none once stopping): those
+        that no job waiting here and no claim in flight is meant for."""
         if self.stopping:
             return 0
-        return max(self._parked - len(self._claimed), 0)
+        return max(self._parked - len(self._claimed) - (self._asked if self._claiming else 0), 0)
 
     def hand_over(self, jobs: Sequence[Job]) -> None:
         """Jobs the store claimed for this node on its own (``StoreConfig.on_claimed``): served as a claim's
