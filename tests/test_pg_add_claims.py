@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -236,3 +237,25 @@ async def test_an_idle_node_starts_a_job_its_enqueue_claimed(pg_dsn: str) -> Non
         done = await queue.wait(job.id, timeout=10)
     assert (done.state, done.attempts, done.epoch) == (JobState.SUCCEEDED, 1, 1)
     assert ran == [job.id]
+
+
+def _ready_notices(conn: psycopg.Connection[Any], seconds: float) -> list[str]:
+    """The "ready" notices ``conn`` hears within ``seconds``, or until the first."""
+    for notice in conn.notifies(timeout=seconds):
+        if notice.payload.startswith("r|"):
+            return [notice.payload]
+    return []
+
+
+async def test_other_nodes_hear_of_the_jobs_an_add_left_ready_not_of_those_it_claimed(pg_dsn: str) -> None:
+    takers: dict[str | None, int] = {None: 1}
+    handed: list[Job] = []
+    async with _node(pg_dsn, takers, handed) as store:
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute(f"LISTEN {store.channel}")
+            await store.add([_job()])
+            assert len(handed) == 1
+            assert await trio.to_thread.run_sync(_ready_notices, other, 0.3) == []
+            takers.clear()
+            await store.add([_job()])
+            assert len(await trio.to_thread.run_sync(_ready_notices, other, 5.0)) == 1

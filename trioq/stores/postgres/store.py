@@ -534,9 +534,10 @@ class PostgresStore:
         config = self._open()
         now = config.clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
-        notify = self._inline_notify(ready)
-        states: list[str] | None = None
         claiming = self._claiming(rows, now) if claim and max_pending is None and config.defer_past is None else None
+        # Jobs this add claims are no news to other nodes (a mark the statement refuses is announced below).
+        notify = self._inline_notify(ready - (sum(claiming.rows) if claiming is not None else 0))
+        states: list[str] | None = None
         if claiming is not None:
             try:
                 found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
@@ -569,7 +570,7 @@ class PostgresStore:
             )
             inserted = [was is None and state == "ready" for was, state in zip(found, states or (), strict=True)]
             self._admitted(admitted)
-        if notify is None and ready:
+        if notify is None and any(inserted):  # inserted ready and not claimed: other nodes hear soon
             self._announce(sum(inserted))
         return found, now, states
 
