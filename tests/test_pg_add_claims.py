@@ -259,3 +259,24 @@ async def test_other_nodes_hear_of_the_jobs_an_add_left_ready_not_of_those_it_cl
             takers.clear()
             await store.add([_job()])
             assert len(await trio.to_thread.run_sync(_ready_notices, other, 5.0)) == 1
+
+
+async def test_a_dead_nodes_add_claimed_job_is_rescued_and_its_stale_outcome_refused(pg_dsn: str) -> None:
+    """A job an add claimed runs under the adding node's lease like any claim: rescued once that lease
+    lapses, run again under a new epoch, and the dead node's late outcome changes nothing."""
+    clock = Clock()
+    async with _node(pg_dsn, {}, [], clock=clock) as live:
+        with psycopg.connect(pg_dsn, autocommit=True) as dead:  # a node that claims at add, then vanishes
+            assert sql.claim(dead, live.schema, "dead", 1, clock.now + 30, "1", False, now=clock.now) == []
+            claiming = sql.Claiming("dead", "2", (True,), None)
+            assert sql.add_claiming(dead, live.schema, [("d-1", _job(), "{}")], clock.now, None, claiming)[1] == ["d-1"]
+        clock.now += 20
+        assert await live.rescue() == 0  # its lease still runs
+        clock.now += 11
+        assert await live.rescue() == 1
+        (again,) = await live.claim(ClaimRequest(node="a", limit=1, lease=30.0))
+        assert (again.id, again.epoch) == ("d-1", 2)
+        assert await live.complete([Succeeded("d-1", 1, "late")]) == [None]
+        assert await live.complete([Succeeded("d-1", 2, "ok")]) == [JobState.SUCCEEDED]
+        done = await live.get("d-1")
+        assert (done.result, done.attempts) == ("ok", 1)
