@@ -168,7 +168,10 @@ async def test_a_job_at_the_size_limits_survives_a_checkpoint_and_a_reopen(tmp_p
         return blob
 
     blob = "y" * (MAX_VALUE_BYTES - 32)
-    async with trioq.open_queue(registry, store=trioq.WALStore(tmp_path / "wal", fsync="never"), workers=1) as queue:
+    # Segments larger than the records: at the default 64 MiB each 128 MiB record rolls the segment, and
+    # each roll's checkpoint rewrites the live job (about 15 s of this test, on rolls tests/stores covers).
+    big = trioq.WALStore(tmp_path / "wal", fsync="never", segment_size=1024 * 1024 * 1024)
+    async with trioq.open_queue(registry, store=big, workers=1) as queue:
         job = await queue.enqueue("echo", {"blob": blob}, key="k" * MAX_NAME_BYTES)
         assert (await queue.wait(job.id)).state is JobState.SUCCEEDED
         store = queue.store
