@@ -9,6 +9,7 @@ run on a fake wall clock, except the last test, which runs a queue on the real o
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -165,30 +166,112 @@ async def test_a_worker_gets_the_stored_payload_not_the_callers_object(pg_dsn: s
         assert handed[0].payload == {"xs": [1, 2], "at": {"k": "v"}}
 
 
-async def test_jobs_a_failed_add_claimed_are_served_by_the_next_claim(
+def _raise_lost(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("the job holding key 'k1' just went; enqueue again")
+
+
+async def _fail_after_commit(store: trioq.PostgresStore, monkeypatch: pytest.MonkeyPatch, **options: Any) -> None:
+    """An add whose statement commits (claiming its second job) and then fails: the look-up of the first
+    job's key holder raises, as when the holder is evicted between the statements."""
+    monkeypatch.setattr(sql, "_holders", _raise_lost)
+    with pytest.raises(RuntimeError, match="just went"):
+        await store.add([_job(key="k1", **options), _job(priority=5, **options)])
+    monkeypatch.undo()
+
+
+async def _holding_k1(store: trioq.PostgresStore, takers: dict[str | None, int], queue: str | None = None) -> None:
+    """A running job holds key "k1" (so that nothing else is ready), then one worker waits."""
+    await store.add([_job(key="k1", queue=queue or "default")])
+    await store.claim(ClaimRequest(node="a", limit=1, lease=30.0, queues=None if queue is None else (queue,)))
+    takers[queue] = 1
+
+
+async def test_jobs_a_failed_add_claimed_are_handed_over_by_the_next_claim(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An add that committed its claim and then failed (here: the look-up of a key's holder) leaves no
-    job running unseen: the next claim finds it by the add's token."""
+    """An add that committed its claim and then failed leaves no job running unseen: the next claim finds
+    it by the add's token and hands it over, once, even when two claims race."""
     takers: dict[str | None, int] = {}
     handed: list[Job] = []
     async with _node(pg_dsn, takers, handed) as store:
-        (holder,) = await store.add([_job(key="k1")])
-        await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))  # running: nothing else is ready
-        takers[None] = 1
-
-        def lost(*args: object, **kwargs: object) -> None:
-            raise RuntimeError("the job holding key 'k1' just went; enqueue again")
-
-        monkeypatch.setattr(sql, "_holders", lost)
-        with pytest.raises(RuntimeError, match="just went"):
-            await store.add([_job(key="k1"), _job(priority=5)])
-        monkeypatch.undo()
+        await _holding_k1(store, takers)
+        await _fail_after_commit(store, monkeypatch)
         assert handed == []
-        (got,) = await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))
-        assert (got.state, got.epoch, got.priority) == (JobState.RUNNING, 1, 5)
-        assert await store.claim(ClaimRequest(node="a", limit=1, lease=30.0)) == []  # served once
-        assert holder.id != got.id
+        answers: list[list[Job]] = []
+
+        async def claim() -> None:
+            answers.append(await store.claim(ClaimRequest(node="a", limit=1, lease=30.0)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(claim)
+            nursery.start_soon(claim)
+        assert answers == [[], []]
+        assert [(job.state, job.epoch, job.priority) for job in handed] == [(JobState.RUNNING, 1, 5)]
+        assert await store.claim(ClaimRequest(node="a", limit=1, lease=30.0)) == [] and len(handed) == 1
+
+
+async def test_a_recovered_job_goes_to_its_own_queues_workers(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handed over through ``on_claimed`` (which routes by queue), never in the answer of a claim of
+    another queue."""
+    takers: dict[str | None, int] = {}
+    handed: list[Job] = []
+    async with _node(pg_dsn, takers, handed) as store:
+        await _holding_k1(store, takers, "b")
+        await _fail_after_commit(store, monkeypatch, queue="b")
+        assert await store.claim(ClaimRequest(node="a", limit=1, lease=30.0, queues=("a",))) == []
+        assert [job.queue for job in handed] == ["b"]
+
+
+async def test_a_failed_add_wakes_a_claim_that_serves_what_it_claimed(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the runtime with no poll: the failed add's hint wakes a claim at once."""
+    registry = trioq.Registry()
+    ran: list[str] = []
+
+    @registry.task
+    async def note(ctx: trioq.JobContext) -> None:
+        ran.append(ctx.job.id)
+
+    store = trioq.PostgresStore(pg_dsn, schema=f"ac_{secrets.token_hex(4)}")
+    async with trioq.open_queue(registry, store=store, workers=1, poll_interval=math.inf) as queue:
+        holder = await queue.enqueue("note", key="k1")
+        await queue.wait(holder.id, timeout=10)
+        with trio.fail_after(10):
+            while store._open().takers() != {None: 1}:  # noqa: ASYNC110 - the worker parks after its claim
+                await trio.sleep(0.01)
+        monkeypatch.setattr(sql, "_holders", _raise_lost)
+        with pytest.raises(RuntimeError, match="just went"):
+            await queue.enqueue_many([trioq.JobSpec("note", {}, key="k1"), trioq.JobSpec("note", {})])
+        monkeypatch.undo()
+        with trio.fail_after(10):
+            while len(ran) < 2:  # noqa: ASYNC110 - the worker's effect
+                await trio.sleep(0.01)
+    assert ran[0] == holder.id and len(set(ran)) == 2
+
+
+async def test_an_add_and_a_success_in_flight_together_claim_for_a_worker_once(pg_dsn: str) -> None:
+    """A parent's success releasing a child and an add, both in flight for the one waiting worker: only
+    one of them claims for it (``_reserved``)."""
+    takers: dict[str | None, int] = {}
+    handed: list[Job] = []
+    async with _node(pg_dsn, takers, handed) as store:
+        (parent,) = await store.add([_job()])
+        (running,) = await store.claim(ClaimRequest(node="a", limit=1, lease=30.0))
+        await store.add([NewJob("t", {}, 0, None, 3, 0.0, "default", None, None, (), (parent.id,))])
+        takers[None] = 1  # the runtime's count drops only as jobs are handed over: both read 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.complete, [Succeeded(running.id, running.epoch, "ok")])
+            nursery.start_soon(store.add, [_job()])
+        assert len(handed) == 1
+
+
+async def test_an_add_leaves_a_job_whose_deadline_has_come(pg_dsn: str) -> None:
+    """(Through the store protocol: the runtime refuses a deadline <= 0.) A claim would leave it too."""
+    handed: list[Job] = []
+    async with _node(pg_dsn, {None: 1}, handed) as store:
+        (job,) = await store.add([NewJob("t", {}, 0, None, 3, 0.0, "default", None, 0.0, ())])
+        assert job.state is JobState.READY and handed == []
 
 
 async def test_a_key_holder_found_by_the_add_is_answered_not_claimed(pg_dsn: str) -> None:

@@ -199,9 +199,12 @@ class PostgresStore:
         #: a claim of every queue walks the queues instead of reading ``jobs_ready`` past their jobs.
         #: Only the plan depends on it; every claim reads the pauses themselves.
         self._paused_known: set[str] = set()
-        #: Claim tokens of adds that may have claimed jobs and then failed (see :meth:`_insert`): the next
-        #: claim finds any such job running under this node and serves it.
+        #: Claim tokens of adds that may have claimed jobs and then failed (see :meth:`_insert`): a claim
+        #: takes them, finds any such job running under this node and hands it to ``on_claimed``.
         self._unsure: set[str] = set()
+        #: Idle workers, by queue as ``takers()`` keys them, that a statement in flight may claim for (an add's,
+        #: a success's): the other one does not claim for them too.
+        self._reserved: dict[str | None, int] = {}
         #: Whether a deadline may be pending (one of this node's, or one promote or a claim saw): claims
         #: then read the next deadline too, to hear of other nodes' in time.
         self._deadlines_used = False
@@ -523,7 +526,7 @@ class PostgresStore:
         self, rows: list[_Row], max_pending: int | None, *, claim: bool = False
     ) -> tuple[list[Job | None], float, list[str] | None]:
         """Insert ``rows`` in one statement at the store's now: what :func:`sql.add` found, that now, and
-        (``defer_past`` set, or ``claim``) each row's state as inserted (see ``_defer.add``).
+        (``defer_past`` set, or ``claim`` and a row marked) each row's state as inserted (see ``_defer.add``).
 
         ``claim``: the statement may claim some of the jobs for this node's
         idle workers (:meth:`_claiming`), handed to them here, and ``"running"``
@@ -535,16 +538,21 @@ class PostgresStore:
         now = config.clock()
         ready = sum(1 for _, job, _ in rows if job.delay <= 0)
         claiming = self._claiming(rows, now) if claim and max_pending is None and config.defer_past is None else None
-        # Jobs this add claims are no news to other nodes (a mark the statement refuses is announced below).
-        notify = self._inline_notify(ready - (sum(claiming.rows) if claiming is not None else 0))
+        # With claiming, the statement sends it only if a job is left ready (its count is then a hint).
+        notify = self._inline_notify(ready)
         states: list[str] | None = None
         if claiming is not None:
+            counts = (sum(claiming.rows),) if claiming.queues is None else _per_queue(rows, claiming)
+            self._reserve(claiming.queues, counts, 1)
             try:
                 found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
             except BaseException:
-                # It may have committed (and claimed) before it failed: the next claim looks (claim()).
+                # It may have committed (and claimed) before it failed: a claim looks (claim()), now.
                 self._unsure.add(claiming.token)
+                config.on_ready(1)
                 raise
+            finally:
+                self._reserve(claiming.queues, counts, -1)
             running = set(taken)
             states = ["running" if job_id in running else "" for job_id, _, _ in rows]
             inserted = [
@@ -739,7 +747,7 @@ class PostgresStore:
                 late = _expire(conn, schema, now, channel, me, watched, config.limits, config.fairness)
             return claimed
 
-        unsure = list(self._unsure)
+        unsure, self._unsure = self._unsure, set()  # this claim's to look for (no other claim serves them)
         recovered: list[Job] = []
 
         def claim(conn: Any, schema: str) -> sql.Claimed:
@@ -759,10 +767,13 @@ class PostgresStore:
             return claimed
 
         claim.__name__ = "claim"
-        claimed = await self._call(claim)
-        if unsure:
-            self._unsure.difference_update(unsure)
-            claimed.extend(job for job in recovered if job not in claimed)
+        try:
+            claimed = await self._call(claim)
+        except BaseException:
+            self._unsure |= unsure
+            raise
+        if recovered:  # to the pools serving their queues, as the add would have handed them
+            config.on_claimed(recovered)
         if found:
             self._parent_results.keep(claimed, found)
         if promoted is not None:
@@ -835,10 +846,16 @@ class PostgresStore:
                 self._parent_results.keep(jobs, settled.results)
                 config.on_claimed(jobs)
 
-        states, snapshots, scheduled, unparked, settled = await self._call(
-            _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
-            self._parents, take, _early(hand_over) if take is not None else None, retried=True,
-        )  # fmt: skip
+        if take is not None:
+            self._reserve(take.queues, take.counts, 1)
+        try:
+            states, snapshots, scheduled, unparked, settled = await self._call(
+                _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
+                self._parents, take, _early(hand_over) if take is not None else None, retried=True,
+            )  # fmt: skip
+        finally:
+            if take is not None:
+                self._reserve(take.queues, take.counts, -1)
         if settled.parents:
             self._parents = True  # flows are in use: successes release children in their own statement
         hand_over(settled)  # (the call handed them over already, unless a retry found more)
@@ -862,7 +879,9 @@ class PostgresStore:
         config = self._open()
         if config.fairness is not None or self._lease_until < now + self.lease / 2:
             return None
-        wanted = {queue: n for queue, n in config.takers().items() if n > 0}
+        reserved = self._reserved
+        wanted = {queue: n - reserved.get(queue, 0) for queue, n in config.takers().items()}
+        wanted = {queue: n for queue, n in wanted.items() if n > 0}
         if not wanted:
             return None
         self._claims += 1
@@ -871,6 +890,15 @@ class PostgresStore:
             return _handoff.Take(None, (wanted[None],), f"{self._claims}", keyed)
         queues = sorted(q for q in wanted if q is not None)
         return _handoff.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
+
+    def _reserve(self, queues: tuple[str, ...] | None, counts: Sequence[int], sign: int) -> None:
+        """Count (``sign`` 1) or release (-1) the idle workers a statement in flight may claim for."""
+        for queue, n in zip(queues or (None,), counts, strict=True):
+            left = self._reserved.get(queue, 0) + sign * n
+            if left > 0:
+                self._reserved[queue] = left
+            else:
+                self._reserved.pop(queue, None)
 
     def _claiming(self, rows: list[_Row], now: float) -> sql.Claiming | None:
         """What an add of ``rows`` may claim for this node's idle workers (see :func:`sql.add_claiming`):
@@ -892,6 +920,8 @@ class PostgresStore:
             served: str | None = None if take.queues is None else job.queue
             if job.delay > 0 or job.queue in self._paused_known or room.get(served, 0) <= 0:
                 continue
+            if job.deadline is not None and job.deadline <= 0:
+                continue  # its deadline has come: a claim leaves it to be cancelled
             room[served] -= 1
             marks[i] = True
         if not any(marks):
@@ -1088,6 +1118,13 @@ class PostgresStore:
     async def ticks(self) -> dict[str, float]:
         """Each cron schedule's last tick (or baseline), by name."""
         return await _cron.ticks(self)
+
+
+def _per_queue(rows: Sequence[_Row], claiming: sql.Claiming) -> tuple[int, ...]:
+    """How many rows ``claiming`` marks in each of its queues (named), in its order."""
+    assert claiming.queues is not None
+    marked = [row[1].queue for row, mark in zip(rows, claiming.rows, strict=True) if mark]
+    return tuple(marked.count(queue) for queue in claiming.queues)
 
 
 def _new_job(row: _Row, now: float, state: JobState, epoch: int) -> Job:
