@@ -130,26 +130,7 @@ def add(
     transaction when a job was inserted. Raises :class:`~trioq.QueueFull`
     (inserting none) past ``max_pending`` ready plus scheduled jobs.
     """
-    ids = [r[0] for r in rows]
-    hashes = [None if r[1].key is None else key_hash(r[1].key) for r in rows]
-    with _cur(conn) as cur:
-        if retried and _committed(cur, s, ids):
-            # The first try committed: every job is in (all or nothing), or its key's holder is.
-            return _holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids))
-        if max_pending is None and len(rows) >= COPY_FROM and all(h is None for h in hashes):
-            with conn.transaction():
-                _copy(cur, s, rows, now, notify)
-            return [None] * len(rows)
-        if max_pending is None:
-            inserted, _ = _insert(cur, s, rows, hashes, now, notify)
-        else:
-            with conn.transaction():
-                _admit(cur, s, rows, hashes, max_pending)
-                inserted, _ = _insert(cur, s, rows, hashes, now, notify)
-        missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
-        if not missing:
-            return [None] * len(rows)
-        return _holders(cur, s, rows, hashes, missing, inserted=inserted)
+    return _add(conn, s, rows, now, max_pending, notify, None, retried)[0]
 
 
 @attrs.frozen
@@ -184,24 +165,42 @@ def add_claiming(
     Why the claim is the add's: a node whose workers wait enqueues a job that they would claim next;
     claimed by the add, the job starts one commit sooner (the claim's own commit is the wait).
     """
+    return _add(conn, s, rows, now, None, notify, claiming, retried)
+
+
+def _add(
+    conn: Any,
+    s: str,
+    rows: Sequence[tuple[str, NewJob, str]],
+    now: float,
+    max_pending: int | None,
+    notify: tuple[str, str] | None,
+    claiming: Claiming | None,
+    retried: bool,
+) -> tuple[list[Job | None], list[str]]:
+    """:func:`add` (``claiming`` ``None``) and :func:`add_claiming`: the holders found, and the ids claimed."""
     ids = [r[0] for r in rows]
     hashes = [None if r[1].key is None else key_hash(r[1].key) for r in rows]
     with _cur(conn) as cur:
-        if retried and _committed(cur, s, ids):
-            # The first try committed unseen: what it claimed is running under its token, and is this
-            # try's to hand over (nobody else knows of it).
-            taken = [job.id for job in claimed_with(conn, s, claiming.node, claiming.token)]
+        if retried and _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone():
+            # The first try committed: every job is in (all or nothing), or its key's holder is; what it
+            # claimed runs under its token, and is this try's to hand over (nobody else knows of it).
+            taken = [] if claiming is None else [job.id for job in claimed_with(conn, s, claiming.node, claiming.token)]
             return _holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids)), taken
-        inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
+        if claiming is None and max_pending is None and len(rows) >= COPY_FROM and all(h is None for h in hashes):
+            with conn.transaction():
+                _copy(cur, s, rows, now, notify)
+            return [None] * len(rows), []
+        if max_pending is None:
+            inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
+        else:
+            with conn.transaction():
+                _admit(cur, s, rows, hashes, max_pending)
+                inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
         if not missing:
             return [None] * len(rows), taken
         return _holders(cur, s, rows, hashes, missing, inserted=inserted), taken
-
-
-def _committed(cur: Any, s: str, ids: list[str]) -> bool:
-    """Whether an earlier try of an add of ``ids`` committed (all or nothing: one of them is in)."""
-    return _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone() is not None
 
 
 def _admit(cur: Any, s: str, rows: Sequence[tuple[str, NewJob, str]], hashes: list[bytes | None], bound: int) -> None:
