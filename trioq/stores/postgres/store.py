@@ -7,12 +7,13 @@ for indexes, vacuum and sizes.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import attrs
@@ -542,17 +543,18 @@ class PostgresStore:
         notify = self._inline_notify(ready)
         states: list[str] | None = None
         if claiming is not None:
-            counts = (sum(claiming.rows),) if claiming.queues is None else _per_queue(rows, claiming)
-            self._reserve(claiming.queues, counts, 1)
+            named = claiming.queues is not None  # the workers it may claim for, keyed as takers() keys them
+            marked = collections.Counter(
+                row[1].queue if named else None for row, mark in zip(rows, claiming.rows, strict=True) if mark
+            )
             try:
-                found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
+                with self._reserving(marked):
+                    found, taken = await self._call(sql.add_claiming, rows, now, notify, claiming, retried=True)
             except BaseException:
                 # It may have committed (and claimed) before it failed: a claim looks (claim()), now.
                 self._unsure.add(claiming.token)
                 config.on_ready(1)
                 raise
-            finally:
-                self._reserve(claiming.queues, counts, -1)
             running = set(taken)
             states = ["running" if job_id in running else "" for job_id, _, _ in rows]
             inserted = [
@@ -747,7 +749,9 @@ class PostgresStore:
                 late = _expire(conn, schema, now, channel, me, watched, config.limits, config.fairness)
             return claimed
 
-        unsure, self._unsure = self._unsure, set()  # this claim's to look for (no other claim serves them)
+        unsure = self._unsure  # this claim's to look for (no other claim serves them)
+        if unsure:
+            self._unsure = set()
         recovered: list[Job] = []
 
         def claim(conn: Any, schema: str) -> sql.Claimed:
@@ -846,16 +850,11 @@ class PostgresStore:
                 self._parent_results.keep(jobs, settled.results)
                 config.on_claimed(jobs)
 
-        if take is not None:
-            self._reserve(take.queues, take.counts, 1)
-        try:
+        with self._reserving({} if take is None else dict(zip(take.queues or (None,), take.counts, strict=True))):
             states, snapshots, scheduled, unparked, settled = await self._call(
                 _complete, usable, now, self.channel, config.node, config.watched, config.limits, config.fairness,
                 self._parents, take, _early(hand_over) if take is not None else None, retried=True,
             )  # fmt: skip
-        finally:
-            if take is not None:
-                self._reserve(take.queues, take.counts, -1)
         if settled.parents:
             self._parents = True  # flows are in use: successes release children in their own statement
         hand_over(settled)  # (the call handed them over already, unless a retry found more)
@@ -891,14 +890,20 @@ class PostgresStore:
         queues = sorted(q for q in wanted if q is not None)
         return _handoff.Take(tuple(queues), tuple(wanted[q] for q in queues), f"{self._claims}", keyed)
 
-    def _reserve(self, queues: tuple[str, ...] | None, counts: Sequence[int], sign: int) -> None:
-        """Count (``sign`` 1) or release (-1) the idle workers a statement in flight may claim for."""
-        for queue, n in zip(queues or (None,), counts, strict=True):
-            left = self._reserved.get(queue, 0) + sign * n
-            if left > 0:
-                self._reserved[queue] = left
-            else:
-                self._reserved.pop(queue, None)
+    @contextmanager
+    def _reserving(self, counts: Mapping[str | None, int]) -> Iterator[None]:
+        """While the block runs (a statement in flight), the idle workers it may claim for, by queue as
+        ``takers()`` keys them, are not offered to another (:meth:`_take`)."""
+        reserved = self._reserved
+        for queue, n in counts.items():
+            reserved[queue] = reserved.get(queue, 0) + n
+        try:
+            yield
+        finally:
+            for queue, n in counts.items():
+                reserved[queue] -= n
+                if not reserved[queue]:
+                    del reserved[queue]
 
     def _claiming(self, rows: list[_Row], now: float) -> sql.Claiming | None:
         """What an add of ``rows`` may claim for this node's idle workers (see :func:`sql.add_claiming`):
@@ -908,11 +913,11 @@ class PostgresStore:
         paused it) may take a mark the statement then refuses: that job waits for an ordinary claim."""
         if len(rows) >= sql.COPY_FROM or now >= self._due:
             return None  # (a due job this node knows of is promoted by its next claim, and may rank first)
-        if any(job.limits and job.delay <= 0 for _, job, _ in rows) and self._open().limits is not no_limits:
-            return None  # a keyed job goes through the limit path's claim, and may rank first
-        take = self._take(now)
+        take = self._take(now)  # (None, cheaply, while no worker waits: a busy node's every enqueue)
         if take is None:
             return None
+        if take.keyed and any(job.limits and job.delay <= 0 for _, job, _ in rows):
+            return None  # a keyed job goes through the limit path's claim, and may rank first
         room = dict(zip(take.queues or (None,), take.counts, strict=True))
         marks = [False] * len(rows)
         for i in sorted(range(len(rows)), key=lambda i: -rows[i][1].priority):
@@ -1118,13 +1123,6 @@ class PostgresStore:
     async def ticks(self) -> dict[str, float]:
         """Each cron schedule's last tick (or baseline), by name."""
         return await _cron.ticks(self)
-
-
-def _per_queue(rows: Sequence[_Row], claiming: sql.Claiming) -> tuple[int, ...]:
-    """How many rows ``claiming`` marks in each of its queues (named), in its order."""
-    assert claiming.queues is not None
-    marked = [row[1].queue for row, mark in zip(rows, claiming.rows, strict=True) if mark]
-    return tuple(marked.count(queue) for queue in claiming.queues)
 
 
 def _new_job(row: _Row, now: float, state: JobState, epoch: int) -> Job:
