@@ -222,23 +222,36 @@ async def test_a_recovered_job_goes_to_its_own_queues_workers(pg_dsn: str, monke
         assert [job.queue for job in handed] == ["b"]
 
 
-async def test_a_failed_add_wakes_a_claim_that_serves_what_it_claimed(
-    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Through the runtime with no poll: the failed add's hint wakes a claim at once."""
+@asynccontextmanager
+async def _noting_queue(
+    dsn: str, ran: list[str], workers: int, **options: Any
+) -> AsyncIterator[tuple[trioq.Queue, trioq.PostgresStore]]:
+    """A queue of ``workers`` whose task ``note`` appends its job's id to ``ran``, once they all wait (each
+    parks once its claim is back: then an enqueue may claim for them)."""
     registry = trioq.Registry()
-    ran: list[str] = []
 
     @registry.task
     async def note(ctx: trioq.JobContext) -> None:
         ran.append(ctx.job.id)
 
-    store = trioq.PostgresStore(pg_dsn, schema=f"ac_{secrets.token_hex(4)}")
-    async with trioq.open_queue(registry, store=store, workers=1, poll_interval=math.inf) as queue:
+    store = trioq.PostgresStore(dsn, schema=f"ac_{secrets.token_hex(4)}")
+    async with trioq.open_queue(registry, store=store, workers=workers, **options) as queue:
+        with trio.fail_after(10):
+            while store._open().takers() != {None: workers}:  # noqa: ASYNC110 - the workers park on their own
+                await trio.sleep(0.01)
+        yield queue, store
+
+
+async def test_a_failed_add_wakes_a_claim_that_serves_what_it_claimed(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the runtime with no poll: the failed add's hint wakes a claim at once."""
+    ran: list[str] = []
+    async with _noting_queue(pg_dsn, ran, 1, poll_interval=math.inf) as (queue, store):
         holder = await queue.enqueue("note", key="k1")
         await queue.wait(holder.id, timeout=10)
         with trio.fail_after(10):
-            while store._open().takers() != {None: 1}:  # noqa: ASYNC110 - the worker parks after its claim
+            while store._open().takers() != {None: 1}:  # noqa: ASYNC110 - the worker parks again after the holder
                 await trio.sleep(0.01)
         monkeypatch.setattr(sql, "_holders", _raise_lost)
         with pytest.raises(RuntimeError, match="just went"):
@@ -303,18 +316,8 @@ async def test_a_retried_add_answers_what_its_first_try_claimed(pg_dsn: str) -> 
 async def test_an_idle_node_starts_a_job_its_enqueue_claimed(pg_dsn: str) -> None:
     """Through the runtime on the real clock: once the workers wait, an enqueue claims its job (epoch 1 in
     the answer) and a worker runs it once."""
-    registry = trioq.Registry()
     ran: list[str] = []
-
-    @registry.task
-    async def note(ctx: trioq.JobContext) -> None:
-        ran.append(ctx.job.id)
-
-    store = trioq.PostgresStore(pg_dsn, schema=f"ac_{secrets.token_hex(4)}")
-    async with trioq.open_queue(registry, store=store, workers=2) as queue:
-        with trio.fail_after(10):
-            while store._open().takers() != {None: 2}:  # noqa: ASYNC110 - both park once their claim is back
-                await trio.sleep(0.01)
+    async with _noting_queue(pg_dsn, ran, 2) as (queue, _):
         job = await queue.enqueue("note")
         assert (job.state, job.epoch) == (JobState.RUNNING, 1)
         done = await queue.wait(job.id, timeout=10)
