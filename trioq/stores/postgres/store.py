@@ -564,11 +564,7 @@ class PostgresStore:
             if running:
                 # Best first, as a claim gives them; each a snapshot of its own (the payload decoded
                 # from what was stored, never the caller's object).
-                handed = [
-                    attrs.evolve(_new_job(row, now, _RUNNING, 1), payload=loads(row[2]))
-                    for row in rows
-                    if row[0] in running
-                ]
+                handed = [_new_job(row, now, _RUNNING, 1, loads(row[2])) for row in rows if row[0] in running]
                 handed.sort(key=lambda job: -job.priority)
                 config.on_claimed(handed)
         elif config.defer_past is None:
@@ -698,7 +694,7 @@ class PostgresStore:
             else:
                 state = _SCHEDULED if run_at > now else _READY
             deadline = None if job.deadline is None else now + job.deadline
-            out.append(_new_job(row, now, state, epoch))
+            out.append(_new_job(row, now, state, epoch, job.payload))
             if state is _READY:
                 ready += 1
             elif announce and config is not None and state is _SCHEDULED:
@@ -1125,11 +1121,12 @@ class PostgresStore:
         return await _cron.ticks(self)
 
 
-def _new_job(row: _Row, now: float, state: JobState, epoch: int) -> Job:
-    """The snapshot of ``row`` as an add at ``now`` left it: in ``state``, under ``epoch`` (1: claimed)."""
+def _new_job(row: _Row, now: float, state: JobState, epoch: int, payload: Any) -> Job:
+    """The snapshot of ``row`` as an add at ``now`` left it: in ``state``, under ``epoch`` (1: claimed),
+    holding ``payload`` (the caller's object for the caller's snapshot, a decoded copy for a worker)."""
     job_id, job, _ = row
     deadline = None if job.deadline is None else now + job.deadline
-    return Job(job_id, job.task, job.payload, state, 0, epoch, job.priority, job.key, job.max_attempts,
+    return Job(job_id, job.task, payload, state, 0, epoch, job.priority, job.key, job.max_attempts,
                now + job.delay, now, None, None, None, (), job.queue, job.tenant, deadline, job.limits)  # fmt: skip
 
 
