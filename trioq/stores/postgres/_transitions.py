@@ -1236,6 +1236,10 @@ def has_pending(conn: Any, s: str) -> bool:
     Each probe is a scalar subquery ordered as its partial index is (an ``EXISTS`` would drop the
     order), so that the planner walks the index even when it believes most rows qualify: a
     sequential scan reads every row a drain left behind before the first ready one.
+
+    Prepared (on the store's pooled connections, where only a call that asks prepares): ``join()`` sends
+    it every few milliseconds of a drain, it takes no parameter (so its generic plan is the plan), and
+    planning its six probes cost about four times running them.
     """
     with _cur(conn) as cur:
         _run(
@@ -1247,6 +1251,7 @@ def has_pending(conn: Any, s: str) -> bool:
             f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'running' ORDER BY node LIMIT 1) IS NOT NULL"
             f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'deferred' AND seq > 0 ORDER BY seq LIMIT 1) IS NOT NULL"
             f" OR (SELECT 1 FROM {s}.jobs WHERE state = 'waiting' ORDER BY seq LIMIT 1) IS NOT NULL",
+            prepare=True,
         )
         return bool(_row(cur)[0])
 
