@@ -1,9 +1,11 @@
 """A 35-second run of the chaos soak (``benchmarks/soak/``) on PostgreSQL, as a user runs it.
 
-Two ``trioq worker`` processes on a throwaway cluster, SIGKILLs and SIGTERMs
-about every 6 s, one server restart: the verdict (from the handlers' side
-journal, not the store's counters) must be clean, so a regression in recovery
-cannot land unseen. The long runs are in docs/benchmarks.md.
+Two worker processes on a throwaway cluster, SIGKILLs and SIGTERMs about
+every 6 s, one server restart: the verdict (from the handlers' side journal,
+not the store's counters) must be clean, so a regression in recovery cannot
+land unseen. One of the two is a ``trioq serve --postgres`` that takes the
+enqueues (``--feed serve``), so that enqueues claim jobs for its idle workers
+and it is killed holding them. The long runs are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def test_soak_smoke_postgres(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.soak", "--store", "postgres", "--duration", "35s"]
     command += ["--rate", "40", "--workers", "2", "--slots", "8", "--kill-every", "6", "--slow-seconds", "6"]
     command += ["--db-restart-every", "20", "--drain-timeout", "90", "--out", str(tmp_path / "run"), "--no-save"]
+    command += ["--feed", "serve"]
     if os.environ.get(DSN_ENV):
         command += ["--dsn", os.environ[DSN_ENV]]
     # Its own process group: on a timeout the harness and everything it started are killed together.
@@ -53,6 +56,7 @@ def test_soak_smoke_postgres(tmp_path: Path) -> None:
     if not os.environ.get(DSN_ENV):
         assert line["chaos"]["db_restart"] == 1, line["chaos"]
     assert verdict["interrupted"] >= 1 and verdict["jobs"] >= 1000, verdict
+    assert line["load"]["running_at_ack"] >= 1, line["load"]  # some enqueues claimed for the server's workers
     assert verdict["fan_in"]["ran"] >= 10 and verdict["cron"]["ticks"] >= 3, verdict
     for key, limit in verdict["limits"].items():
         assert 1 <= limit["peak"] <= limit["max"], (key, limit)

@@ -48,6 +48,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4, help="trioq worker processes (postgres; default 4)")
     parser.add_argument("--slots", type=int, default=16, help="workers inside each process (default 16)")
     parser.add_argument("--seed", type=int, default=1, help="seeds the job mix and the chaos (default 1)")
+    parser.add_argument(
+        "--feed",
+        choices=("producer", "serve"),
+        default="producer",
+        help="postgres: enqueue through a producer-only queue in the harness (default), or over HTTP through a"
+        " `trioq serve --postgres` that is the first worker process (its enqueues claim for its own idle workers)",
+    )
     parser.add_argument("--kill-every", type=float, default=15.0, help="mean seconds between signals (default 15)")
     parser.add_argument(
         "--slow-seconds", type=float, default=20.0, help="mean length of a slow job, +-25%% (default 20)"
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         slots=args.slots,
         seed=args.seed,
+        feed=args.feed,
         kill_every=args.kill_every,
         slow_seconds=args.slow_seconds,
         db_restart_every=args.db_restart_every,

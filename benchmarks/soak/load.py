@@ -54,6 +54,9 @@ class Load:
         self.events = events
         self._acks: IO[str] = (out / "acks.jsonl").open("a")
         self.acked = 0
+        #: Jobs acknowledged already running: claimed by the enqueue itself for the enqueuing node's idle
+        #: workers (PostgreSQL, ``feed="serve"``).
+        self.running_at_ack = 0
         self.calls = 0
         self.resent = 0
         self.errors: Counter[str] = Counter()
@@ -122,6 +125,7 @@ class Load:
                 self._acks.write(json.dumps(line) + "\n")
             self._acks.flush()
             self.acked += len(jobs)
+            self.running_at_ack += sum(1 for job in jobs if job.state == trioq.JobState.RUNNING)
             if kind in ("slow", "delayed"):
                 self.cancellable.append(jobs[0].id)
             elif kind == "doomed":

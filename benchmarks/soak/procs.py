@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,8 +74,9 @@ class Child:
     """One started process; its stdout and stderr go to ``logs/<pid>.log``. Made in the trio thread (see
     :func:`_die_with_parent`); :meth:`started` then waits for its banner, in a worker thread."""
 
-    def __init__(self, command: list[str], env: dict[str, str], logs: Path) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], logs: Path, slot: int = 0) -> None:
         self.command = command
+        self.slot = slot  # which of its fleet's commands made it (a replacement is made by the same)
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=_ROOT, preexec_fn=_die_with_parent
         )
@@ -117,14 +118,15 @@ class Child:
 
 
 class Fleet:
-    """``size`` children made by ``command()``, each replaced when it ends until :meth:`stop`."""
+    """One child per command of ``commands``, each replaced (by its own command's next) when it ends until
+    :meth:`stop`."""
 
     def __init__(
-        self, command: Callable[[], list[str]], env: dict[str, str], size: int, logs: Path, events: Events
+        self, commands: Sequence[Callable[[], list[str]]], env: dict[str, str], logs: Path, events: Events
     ) -> None:
-        self.command = command
+        self.commands = list(commands)
         self.env = env
-        self.size = size
+        self.size = len(self.commands)
         self.logs = logs
         self.events = events
         self.children: list[Child] = []
@@ -134,8 +136,8 @@ class Fleet:
         self.keep_alive = True
         self.respawn_delay = 0.5
 
-    async def spawn(self) -> Child:
-        child = Child(self.command(), self.env, self.logs)
+    async def spawn(self, slot: int) -> Child:
+        child = Child(self.commands[slot](), self.env, self.logs, slot)
         try:
             await trio.to_thread.run_sync(child.started)
         except BaseException:
@@ -149,8 +151,8 @@ class Fleet:
         return child
 
     async def start(self) -> None:
-        for _ in range(self.size):
-            await self.spawn()
+        for slot in range(self.size):
+            await self.spawn(slot)
 
     def signal(self, child: Child, how: str) -> None:
         """Send SIGKILL (``how="kill"``) or SIGTERM (``"term"``), logged first."""
@@ -180,7 +182,7 @@ class Fleet:
                     self.unexpected_exits.append({"pid": child.pid, "code": code, "log": str(child.log)})
                 if self.keep_alive:
                     await trio.sleep(self.respawn_delay)
-                    await self.spawn()
+                    await self.spawn(child.slot)
             await trio.sleep(0.1)
 
     async def settle(self, timeout: float) -> None:

@@ -2,7 +2,12 @@
 
 PostgreSQL: a throwaway cluster (``tests/pgcluster.py``) unless ``dsn``;
 ``workers`` ``trioq worker`` processes; the enqueuer is a producer-only
-``open_queue`` in this process. Chaos: SIGKILL or SIGTERM of a random worker
+``open_queue`` in this process, or with ``feed="serve"`` the first of those
+processes is a ``trioq serve --postgres`` (workers as many) that takes every
+enqueue over HTTP: a node whose own workers wait, so that an enqueue may
+claim its jobs for them in its INSERT (docs/postgres.md), the path a
+producer-only node never takes; the other calls go through the
+producer-only queue still. Chaos: SIGKILL or SIGTERM of a random worker
 about every ``kill_every`` s (exponential gaps from the seed), and a server
 restart every ``db_restart_every`` s (``fast`` and ``immediate`` in turn; not
 with ``dsn``, which is not ours to restart). WAL: one ``trioq serve`` process
@@ -36,6 +41,8 @@ import trio
 
 import trioq
 from benchmarks._common import pg_server
+from tests.pgcluster import free_port
+from trioq.client import AsyncClient
 
 from . import app, verdict
 from .load import Load
@@ -58,6 +65,7 @@ class Settings:
     workers: int = 4
     slots: int = 16
     seed: int = 1
+    feed: str = "producer"
     kill_every: float = 15.0
     slow_seconds: float = 20.0
     db_restart_every: float = 240.0
@@ -67,6 +75,21 @@ class Settings:
     sample_every: float = 10.0
     dsn: str | None = None
     out: Path = Path("soak-run")
+
+
+class _Feed:
+    """The producer of ``feed="serve"``: ``enqueue_many`` through ``client`` (the serving node), every other
+    call through ``queue`` (producer-only, in this process)."""
+
+    def __init__(self, client: Any, queue: trioq.Queue) -> None:
+        self.client = client
+        self.queue = queue
+
+    async def enqueue_many(self, specs: list[trioq.JobSpec]) -> list[trioq.Job]:
+        return list(await self.client.enqueue_many(specs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queue, name)
 
 
 def _python() -> list[str]:
@@ -216,7 +239,13 @@ async def _phases(settings: Settings, fleet: Fleet, producer: Any, events: Event
         "finals": finals,
         "chaos": chaos,
         "memory": memory,
-        "load": {"calls": load.calls, "acked": load.acked, "resent": load.resent, "errors": dict(load.errors)},
+        "load": {
+            "calls": load.calls,
+            "acked": load.acked,
+            "running_at_ack": load.running_at_ack,
+            "resent": load.resent,
+            "errors": dict(load.errors),
+        },
         "drained": drained,
     }
 
@@ -261,6 +290,7 @@ async def soak(settings: Settings) -> dict[str, Any]:
     # As many workers in all on either store: the WAL's one server runs workers x slots of them.
     slots = settings.slots if settings.store == "postgres" else settings.workers * settings.slots
     common += ["--workers", str(slots)]
+    port = free_port()  # the HTTP API's (WAL; postgres with feed="serve")
     started = time.time()
     stopped: list[int] = []
     store_checks: dict[str, Any]
@@ -270,29 +300,35 @@ async def soak(settings: Settings) -> dict[str, Any]:
             def worker() -> list[str]:
                 return [*_python(), "worker", "--postgres", dsn, "--lease", str(settings.lease), *common]
 
-            fleet = Fleet(worker, env, settings.workers, out / "logs", events)
+            def serve() -> list[str]:
+                return [*_python(), "serve", "--postgres", dsn, "--lease", str(settings.lease), "--port", str(port)]
+
+            commands = [worker] * settings.workers
+            if settings.feed == "serve":
+                commands[0] = lambda: [*serve(), *common]
+            fleet = Fleet(commands, env, out / "logs", events)
             try:
                 await fleet.start()
                 store = trioq.PostgresStore(dsn, lease=settings.lease)
-                async with trioq.open_queue(
-                    app.registry, store=store, workers=0, retention=86400, max_retained=10_000_000
-                ) as producer:
+                async with (
+                    trioq.open_queue(
+                        app.registry, store=store, workers=0, retention=86400, max_retained=10_000_000
+                    ) as queue,
+                    AsyncClient(f"http://127.0.0.1:{port}", timeout=10.0) as client,
+                ):
+                    producer = _Feed(client, queue) if settings.feed == "serve" else queue
                     run = await _phases(settings, fleet, producer, events, cluster)
                 stopped = await fleet.stop(settings.shutdown_grace + 20)
             finally:
                 fleet.kill_all()
             store_checks = await trio.to_thread.run_sync(_pg_checks, dsn)
     else:
-        from tests.pgcluster import free_port
-        from trioq.client import AsyncClient
-
         directory = out / "wal"
-        port = free_port()
 
         def serve() -> list[str]:
             return [*_python(), "serve", "--wal", str(directory), "--fsync", "always", "--port", str(port), *common]
 
-        fleet = Fleet(serve, env, 1, out / "logs", events)
+        fleet = Fleet([serve], env, out / "logs", events)
         try:
             await fleet.start()
             async with AsyncClient(f"http://127.0.0.1:{port}", timeout=10.0) as client:
