@@ -39,7 +39,7 @@ from schemathesis.checks import (
 
 import trioq
 from trioq._app.openapi import openapi_spec
-from trioq._model import INT_MAX, INT_MIN, MAX_NAME_BYTES
+from trioq._model import INT64_MAX, INT_MAX, INT_MIN, MAX_NAME_BYTES
 from trioq.http import blueprint, create_app
 
 from .apps import make_registry
@@ -310,15 +310,17 @@ EDGES: list[tuple[str, Any]] = [
     ("key", None),
     ("priority", INT_MIN),
     ("priority", INT_MIN - 1),
+    ("priority", INT64_MAX),
+    ("priority", INT64_MAX + 1),
     ("priority", INT_MAX),
-    ("priority", INT_MAX + 1),
     ("priority", 3.0),
     ("priority", 1.5),
     ("priority", True),
     ("max_attempts", 0),
     ("max_attempts", 1),
+    ("max_attempts", INT64_MAX),
+    ("max_attempts", INT64_MAX + 1),
     ("max_attempts", INT_MAX),
-    ("max_attempts", INT_MAX + 1),
     ("delay", 0),
     ("delay", -0.0),
     ("delay", sys.float_info.max),

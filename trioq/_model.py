@@ -358,6 +358,9 @@ class Job:
 _PLAIN = frozenset({str, int, bool, type(None)})
 #: The ints the stores can hold (msgpack: signed or unsigned 64 bits).
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+#: The largest ``priority`` and ``max_attempts``: every store keeps them as signed 64-bit integers
+#: (PostgreSQL's ``bigint``), payload ints aside.
+INT64_MAX = 2**63 - 1
 #: The largest payload, and the largest result, a store holds: 256 MiB, as
 #: msgpack (about the size of the JSON). Every transition is one log record, and
 #: a checkpoint's record of a job holds its payload and result together: both at
@@ -379,9 +382,10 @@ MAX_DEPTH = 128
 MAX_ERROR_CHARS = 16_384
 
 
-def is_storable_int(value: Any, minimum: int = INT_MIN) -> TypeGuard[int]:
-    """Whether ``value`` is an int (not a bool) from ``minimum`` to :data:`INT_MAX`: what the stores hold."""
-    return not isinstance(value, bool) and isinstance(value, int) and minimum <= value <= INT_MAX
+def is_storable_int(value: Any, minimum: int = INT_MIN, maximum: int = INT_MAX) -> TypeGuard[int]:
+    """Whether ``value`` is an int (not a bool) from ``minimum`` to ``maximum`` (:data:`INT_MAX`: what the
+    stores hold)."""
+    return not isinstance(value, bool) and isinstance(value, int) and minimum <= value <= maximum
 
 
 def name_problem(value: str) -> str | None:

@@ -18,6 +18,7 @@ from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 from . import _validate as validate
 from ._model import (
     DEFAULT_QUEUE,
+    INT64_MAX,
     Adaptive,
     Backoff,
     InvalidJob,
@@ -482,8 +483,8 @@ class Registry:
             raise TypeError(f"{fn.__qualname__} is an async function; kind={kind!r} needs a plain function")
         if kind == "process" and ("<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"):
             raise TypeError(f"{fn.__qualname__}: process handlers must be module-level functions (they are pickled)")
-        validate.integer("max_attempts", max_attempts, minimum=1, error=ValueError)
-        validate.integer("priority", priority, error=ValueError)
+        validate.integer("max_attempts", max_attempts, minimum=1, maximum=INT64_MAX, error=ValueError)
+        validate.integer("priority", priority, maximum=INT64_MAX, error=ValueError)
         validate.optional_number("timeout", timeout, above=True, infinite=True, error=ValueError)
         validate.optional_number("heartbeat_timeout", heartbeat_timeout, above=True, infinite=True, error=ValueError)
         if backoff is not None and not isinstance(backoff, Backoff):

@@ -79,10 +79,13 @@ def optional_number(
         raise _fail(name, f"{kind} {bound} or None", value, error) from None
 
 
-def integer(name: str, value: Any, *, minimum: int = INT_MIN, error: type[Exception] = InvalidJob) -> int:
-    """``value`` if it is an int (not a bool) from ``minimum`` to ``INT_MAX`` (the stores hold 64 bits)."""
-    if not is_storable_int(value, minimum):
-        raise _fail(name, f"an integer from {minimum} to {INT_MAX}", value, error)
+def integer(
+    name: str, value: Any, *, minimum: int = INT_MIN, maximum: int = INT_MAX, error: type[Exception] = InvalidJob
+) -> int:
+    """``value`` if it is an int (not a bool) from ``minimum`` to ``maximum`` (``INT_MAX``: the stores hold 64
+    bits; ``INT64_MAX`` for a job's ``priority`` and ``max_attempts``)."""
+    if not is_storable_int(value, minimum, maximum):
+        raise _fail(name, f"an integer from {minimum} to {maximum}", value, error)
     return value
 
 

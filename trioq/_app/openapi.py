@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._model import INT_MAX, INT_MIN, MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_PARENTS, JobState
+from .._model import INT64_MAX, INT_MIN, MAX_LABEL_BYTES, MAX_NAME_BYTES, MAX_PARENTS, JobState
 from .._runtime.listing import MAX_BULK, MAX_PAGE
 from .._runtime.totals import Totals
 
@@ -96,8 +96,8 @@ def _schemas() -> dict[str, Any]:
             "priority": {
                 "type": ["integer", "null"],
                 "minimum": INT_MIN,
-                "maximum": INT_MAX,
-                "description": "Higher runs first; absent or null means the task's priority (a 64-bit integer).",
+                "maximum": INT64_MAX,
+                "description": "Higher runs first; absent or null means the task's priority (a signed 64-bit integer).",
             },
             "key": {
                 "type": ["string", "null"],
@@ -112,7 +112,7 @@ def _schemas() -> dict[str, Any]:
             "max_attempts": {
                 "type": ["integer", "null"],
                 "minimum": 1,
-                "maximum": INT_MAX,
+                "maximum": INT64_MAX,
                 "description": "Attempts before the job is dead; absent or null means the task's.",
             },
             "queue": {
@@ -196,9 +196,9 @@ def _schemas() -> dict[str, Any]:
             "state": _schema("JobState"),
             "attempts": {"type": "integer", "minimum": 0},
             "epoch": {"type": "integer", "minimum": 0},
-            "priority": {"type": "integer", "minimum": INT_MIN, "maximum": INT_MAX},
+            "priority": {"type": "integer", "minimum": INT_MIN, "maximum": INT64_MAX},
             "key": {"type": ["string", "null"]},
-            "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT_MAX},
+            "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
             "run_at": {"type": "number"},
             "created_at": {"type": "number"},
             "finished_at": {"type": ["number", "null"]},

@@ -23,7 +23,7 @@ import trio
 
 from .. import _validate as validate
 from .._model import (
-    INT_MAX,
+    INT64_MAX,
     INT_MIN,
     MAX_PARENTS,
     InvalidJob,
@@ -306,13 +306,13 @@ class Queue:
         priority = spec.priority
         if priority is None:
             priority = definition.priority
-        elif type(priority) is not int or not INT_MIN <= priority <= INT_MAX:
-            priority = validate.integer(f"{_where(index)}priority", priority)
+        elif type(priority) is not int or not INT_MIN <= priority <= INT64_MAX:
+            priority = validate.integer(f"{_where(index)}priority", priority, maximum=INT64_MAX)
         max_attempts = spec.max_attempts
         if max_attempts is None:
             max_attempts = definition.max_attempts
-        elif type(max_attempts) is not int or not 1 <= max_attempts <= INT_MAX:
-            max_attempts = validate.integer(f"{_where(index)}max_attempts", max_attempts, minimum=1)
+        elif type(max_attempts) is not int or not 1 <= max_attempts <= INT64_MAX:
+            max_attempts = validate.integer(f"{_where(index)}max_attempts", max_attempts, minimum=1, maximum=INT64_MAX)
         key = spec.key
         if key is not None and (not isinstance(key, str) or not key):
             where = _where(index)

@@ -21,7 +21,7 @@ import trio
 
 from ..._model import (
     DEFAULT_QUEUE,
-    INT_MAX,
+    INT64_MAX,
     INT_MIN,
     InvalidJob,
     Job,
@@ -104,9 +104,11 @@ def _checked(job: NewJob, where: str) -> NewJob:
             task, job.payload, priority, key, max_attempts, delay, job.queue, job.tenant, job.deadline, job.limits,
             job.after,
         )  # fmt: skip
-    if not (INT_MIN <= priority <= INT_MAX and 1 <= max_attempts <= INT_MAX):
-        field = f"{where}priority" if not INT_MIN <= priority <= INT_MAX else f"{where}max_attempts"
-        raise InvalidJob(f"{field} cannot be stored: it must be a 64-bit integer (max_attempts >= 1)", field=field)
+    if not (INT_MIN <= priority <= INT64_MAX and 1 <= max_attempts <= INT64_MAX):
+        field = f"{where}priority" if not INT_MIN <= priority <= INT64_MAX else f"{where}max_attempts"
+        raise InvalidJob(
+            f"{field} cannot be stored: it must be a signed 64-bit integer (max_attempts >= 1)", field=field
+        )
     for field, value in (("task", task), ("key", key)):
         if value is not None and (problem := name_problem(value)) is not None:
             shown = repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
