@@ -252,6 +252,31 @@ async def test_jobs_handed_to_the_producer_go_to_its_parked_workers() -> None:
         assert got == [*jobs, None] and producer.takers() == 0
 
 
+async def test_a_claim_cancelled_before_it_is_handed_over_never_reaches_a_worker() -> None:
+    """Another node may cancel a job that this node's add (or success) claimed before that statement's
+    answer is back: the cancel finds nothing here, and the job handed over after it is left out."""
+    store = MemoryStore()
+    async with store.session(StoreConfig(clock=lambda: 0.0, node="n")):
+        producer = Producer(store, node="n", lease=30.0, poll_interval=math.inf)
+        got: list[trioq.Job | None] = []
+
+        async def worker() -> None:
+            got.append(await producer.take())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker)
+            await trio.testing.wait_all_tasks_blocked()
+            first, second = [
+                attrs.evolve(job, state=JobState.RUNNING, epoch=1) for job in await store.add([_new(), _new()])
+            ]
+            assert producer.drop(first.id, 1) is False  # nothing here yet: kept for a hand-over
+            assert producer.drop(second.id, 7) is False  # (another epoch of the second: not its claim)
+            producer.hand_over([first, second])
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [second]
+            producer.stop()
+
+
 class _GatedStore(MemoryStore):
     """A MemoryStore whose claims each wait for the test to open their gate."""
 

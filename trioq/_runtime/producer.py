@@ -31,6 +31,8 @@ __all__ = ["Producer"]
 
 #: The poll's own generator: drawing from the global one would shift a host program's seeded sequence.
 _jitter = random.Random()
+#: How many cancels of claims this producer had not seen it keeps (see :meth:`Producer.drop`).
+_UNSEEN_KEPT = 1024
 
 
 class Producer:
@@ -60,6 +62,10 @@ class Producer:
         # Cancels heard while a claim was in flight that matched nothing yet: the claim may be
         # bringing those very jobs (another node cancelled them before our claim's reply came).
         self._cancelled_in_flight: set[tuple[str, int]] = set()
+        # Cancels that matched nothing here, the newest last (at most _UNSEEN_KEPT): a store may be about
+        # to hand over those very claims (on_claimed: an add or a success claimed them, and another
+        # node cancelled them before that statement's answer came back).
+        self._cancelled_unseen: dict[tuple[str, int], None] = {}
         self.stopping = False
 
     def wake(self, n: int) -> None:
@@ -173,7 +179,14 @@ class Producer:
     def hand_over(self, jobs: Sequence[Job]) -> None:
         """Jobs the store claimed for this node on its own (``StoreConfig.on_claimed``): served as a claim's
         extras are, each to the next free worker. Once stopping they still wait here, and :meth:`close`
-        gives them back."""
+        gives them back. A job whose claim was cancelled before it came is left out (its outcome would be
+        refused: it is cancelled already)."""
+        unseen = self._cancelled_unseen
+        if unseen:
+            cancelled = [job for job in jobs if (job.id, job.epoch) in unseen]
+            for job in cancelled:
+                del unseen[job.id, job.epoch]
+            jobs = [job for job in jobs if job not in cancelled] if cancelled else jobs
         self._claimed.extend(jobs)
         self._lot.unpark(count=len(jobs))
 
@@ -185,7 +198,8 @@ class Producer:
         """Forget the waiting claim of ``job_id`` under ``epoch`` (the job was cancelled); whether one was.
 
         With a claim in flight, the cancel is kept for it (it may be bringing
-        that job) and counts as dropped.
+        that job) and counts as dropped. Otherwise it is kept for a later
+        :meth:`hand_over` (the newest :data:`_UNSEEN_KEPT`), and is not.
         """
         for job in self._claimed:
             if job.id == job_id and job.epoch == epoch:
@@ -194,6 +208,10 @@ class Producer:
         if self._claiming:
             self._cancelled_in_flight.add((job_id, epoch))
             return True
+        unseen = self._cancelled_unseen
+        unseen[(job_id, epoch)] = None
+        if len(unseen) > _UNSEEN_KEPT:
+            del unseen[next(iter(unseen))]
         return False
 
     async def poll(self) -> None:
