@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -323,6 +324,43 @@ async def test_an_idle_node_starts_a_job_its_enqueue_claimed(pg_dsn: str) -> Non
         done = await queue.wait(job.id, timeout=10)
     assert (done.state, done.attempts, done.epoch) == (JobState.SUCCEEDED, 1, 1)
     assert ran == [job.id]
+
+
+async def test_a_queue_that_closes_while_its_add_is_in_flight_leaves_no_job_running(pg_dsn: str) -> None:
+    """Invariant 6: an add that claims for the node's workers, held in flight (a lock on the schema's
+    ``paused`` table, which its statement reads) while the queue closes, commits before the session
+    releases the node's jobs: its job ends ready, not running under a node that is gone."""
+    ran: list[str] = []
+    answers: list[Job] = []
+    locker = await trio.to_thread.run_sync(psycopg.connect, pg_dsn)
+    try:
+        async with trio.open_nursery() as outer:
+            async with _noting_queue(pg_dsn, ran, 2) as (queue, store):
+                await trio.to_thread.run_sync(
+                    locker.execute, f"LOCK TABLE {store.schema}.paused IN ACCESS EXCLUSIVE MODE"
+                )
+
+                async def enqueue() -> None:
+                    answers.append(await queue.enqueue("note"))
+
+                outer.start_soon(enqueue)
+                with trio.fail_after(10):
+                    while not store._reserved:  # noqa: ASYNC110 - the add's statement is in flight, claiming
+                        await trio.sleep(0.01)
+                outer.start_soon(trio.to_thread.run_sync, _rollback_later, locker)
+            # (the queue has closed: its session waited for the add, then released the node's jobs)
+            assert ran == [] and [job.state for job in answers] == [JobState.RUNNING]
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                row = conn.execute(f"SELECT state, node FROM {store.schema}.jobs WHERE id = %s", (answers[0].id,))
+                assert row.fetchone() == ("ready", None)
+    finally:
+        await trio.to_thread.run_sync(locker.close)
+
+
+def _rollback_later(conn: psycopg.Connection[Any]) -> None:
+    """Roll ``conn`` back (ending its lock) after a moment in which the queue begins to close."""
+    time.sleep(0.3)
+    conn.rollback()
 
 
 def _ready_notices(conn: psycopg.Connection[Any], seconds: float) -> list[str]:

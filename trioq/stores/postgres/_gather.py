@@ -49,6 +49,7 @@ class Gatherer(Generic[R, A]):
         self._pending: list[_Call[R, A]] = []
         self._wanted = trio.Event()
         self._stopped = False
+        self._drained = trio.Event()  # set once run() has ended: every call taken has its answer
 
     async def call(self, rows: Sequence[R]) -> list[A]:
         """``send``'s answers for ``rows``, sent with whatever else is waiting.
@@ -75,10 +76,10 @@ class Gatherer(Generic[R, A]):
         return call.answer
 
     async def run(self) -> None:
-        """Send gathered calls until cancelled while none waits (the sends are shielded: calls waiting
-        when the cancel comes are sent first); later calls raise ``RuntimeError``."""
+        """Send gathered calls until :meth:`stop`, or until cancelled while none waits (the sends are
+        shielded: calls waiting when the cancel comes are sent first); later calls raise ``RuntimeError``."""
         try:
-            while True:
+            while not self._stopped:
                 await self._wanted.wait()
                 self._wanted = trio.Event()
                 while self._pending:
@@ -89,6 +90,14 @@ class Gatherer(Generic[R, A]):
                 call.error = RuntimeError(_STOPPED)
                 call.done.set()
             self._pending = []
+            self._drained.set()
+
+    async def stop(self) -> None:
+        """Take no more calls (they raise ``RuntimeError``, nothing added), and return once every call
+        taken or waiting has its answer: what they changed is in the store from then on."""
+        self._stopped = True
+        self._wanted.set()
+        await self._drained.wait()
 
     async def _send_some(self) -> None:
         batch: list[_Call[R, A]] = []

@@ -60,6 +60,8 @@ NOTIFY_EVERY = 0.002
 OPEN_TIMEOUT = 15.0
 #: How long a call keeps retrying while the database cannot be reached (a restart, a failover).
 OUTAGE = 60.0
+#: How long closing a session waits for the adds in flight before it releases the node's jobs.
+ADDS_AT_CLOSE = 10.0
 _READY, _SCHEDULED, _DEFERRED, _RUNNING = JobState.READY, JobState.SCHEDULED, JobState.DEFERRED, JobState.RUNNING
 _OUTCOMES = (Succeeded, Failed, Released, Snoozed)
 #: Seconds between sweeps of run-out rate states, and how far before now a swept ``tat`` must lie
@@ -319,13 +321,19 @@ class PostgresStore:
                 nursery.start_soon(self._notifier)
                 nursery.start_soon(self._lead)
                 nursery.start_soon(self._fetch_finished, receive)
-                self._gatherer = Gatherer(self._add_gathered)
-                nursery.start_soon(self._gatherer.run)
+                gatherer = self._gatherer = Gatherer(self._add_gathered)
+                nursery.start_soon(gatherer.run)
                 try:
                     yield
                 finally:
                     with trio.CancelScope(shield=True):
                         try:
+                            # Adds in flight first: one may claim jobs for this node's workers, and commit
+                            # them running after the release below unless it waits for them. (Bounded: an
+                            # add blocked on another transaction's key must not hold the close; its jobs
+                            # would then be rescued as a dead node's are.)
+                            with trio.move_on_after(ADDS_AT_CLOSE):
+                                await gatherer.stop()
                             released = await self._call(_release_node, config.node, config.limits, config.fairness)
                             if released:
                                 self._pending_ready += released
