@@ -9,6 +9,7 @@ run on a fake wall clock, except the last test, which runs a queue on the real o
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import time
@@ -172,11 +173,12 @@ def _raise_lost(*args: object, **kwargs: object) -> None:
 
 
 async def _fail_after_commit(store: trioq.PostgresStore, monkeypatch: pytest.MonkeyPatch, **options: Any) -> None:
-    """An add whose statement commits (claiming its second job) and then fails: the look-up of the first
-    job's key holder raises, as when the holder is evicted between the statements."""
+    """Two adds gathered into one statement (the gatherer's call) that commits (claiming the second's job)
+    and then fails: the look-up of the first job's key holder raises, as when the holder is evicted
+    between the statements."""
     monkeypatch.setattr(sql, "_holders", _raise_lost)
     with pytest.raises(RuntimeError, match="just went"):
-        await store.add([_job(key="k1", **options), _job(priority=5, **options)])
+        await store._add_gathered(store._rows([_job(key="k1", **options), _job(priority=5, **options)]))
     monkeypatch.undo()
 
 
@@ -255,8 +257,14 @@ async def test_a_failed_add_wakes_a_claim_that_serves_what_it_claimed(
             while store._open().takers() != {None: 1}:  # noqa: ASYNC110 - the worker parks again after the holder
                 await trio.sleep(0.01)
         monkeypatch.setattr(sql, "_holders", _raise_lost)
-        with pytest.raises(RuntimeError, match="just went"):
-            await queue.enqueue_many([trioq.JobSpec("note", {}, key="k1"), trioq.JobSpec("note", {})])
+
+        async def enqueue(**options: Any) -> None:  # two at once: gathered into one statement
+            with pytest.raises(RuntimeError, match="just went"):
+                await queue.enqueue("note", **options)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(enqueue, key="k1"))
+            nursery.start_soon(enqueue)
         monkeypatch.undo()
         with trio.fail_after(10):
             while len(ran) < 2:  # noqa: ASYNC110 - the worker's effect

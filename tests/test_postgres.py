@@ -15,6 +15,9 @@ import pytest
 import trio
 
 import trioq
+from trioq.stores import NewJob
+from trioq.stores.postgres import _defer
+from trioq.stores.postgres import _transitions as sql
 from trioq.stores.postgres.store import LEADER_TTL
 
 pytestmark = pytest.mark.slow
@@ -121,6 +124,53 @@ async def test_enqueue_tx_refuses_a_key_held_by_another_task_with_parents_too(pg
             assert excinfo.value.field == "key" and "'forever'" in str(excinfo.value), options
         assert [job.id for job in await queue.list(task="echo")] == [parent.id]
         assert (await queue.get(held.id)).task == "forever"
+
+
+async def test_a_batch_is_refused_whole_when_another_node_takes_one_of_its_keys_meanwhile(pg_dsn: str) -> None:
+    """All or nothing: a batch whose key another node's transaction (not yet committed when the batch
+    began) gives to a job of another task is refused (``InvalidJob`` naming ``jobs[1].key``), and its
+    other job is not added either; with the key held by a job of its own task, it goes in."""
+    registry = _registry()
+    async with _node(pg_dsn, registry, workers=0) as queue:
+        other = await trio.to_thread.run_sync(psycopg.connect, pg_dsn)
+        try:
+            holder = await trio.to_thread.run_sync(lambda: queue.enqueue_tx(other, "forever", key="k"))
+            outcome: list[BaseException | list[trioq.Job]] = []
+
+            async def batch() -> None:
+                try:
+                    outcome.append(await queue.enqueue_many([trioq.JobSpec("echo"), trioq.JobSpec("echo", key="k")]))
+                except trioq.InvalidJob as exc:
+                    outcome.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(batch)
+                await trio.sleep(0.3)  # its insert waits for the other transaction's key
+                assert outcome == []
+                await trio.to_thread.run_sync(other.commit)
+        finally:
+            await trio.to_thread.run_sync(other.close)
+        (refused,) = outcome
+        assert isinstance(refused, trioq.InvalidJob) and refused.field == "jobs[1].key", refused
+        assert [job.id for job in await queue.list()] == [holder.id]
+        again = await queue.enqueue_many([trioq.JobSpec("forever"), trioq.JobSpec("forever", key="k")])
+        assert again[1].id == holder.id and [job.id for job in await queue.list(task="forever")][-1] == holder.id
+
+
+async def test_a_retried_add_answers_the_holder_of_a_key_its_first_try_met(pg_dsn: str) -> None:
+    """A try after a broken connection whose first try committed unseen answers as that try did: a row
+    whose key was held gets the holder, not an id that was never inserted (plain and deferring adds)."""
+    async with _node(pg_dsn, _registry(), workers=0) as queue:
+        held = await queue.enqueue("echo", key="k")
+        schema = queue.store.schema  # type: ignore[attr-defined]
+        rows = [(f"r-{i}", NewJob("echo", {}, 0, key, 3, 0.0, "default", None, None, ()), "{}") for i, key in
+                enumerate(["k-new", "k"])]  # fmt: skip
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            first = sql.add(conn, schema, rows, 100.0, None, None)
+            again = sql.add(conn, schema, rows, 100.0, None, None, retried=True)
+            deferring = _defer.add(conn, schema, rows, 100.0, 10, None, None, None, retried=True)
+        assert first[0] is None and first[1] is not None and first[1].id == held.id
+        assert again == first and deferring[0] == first and deferring[1] == ["ready", ""]
 
 
 async def test_enqueue_tx_is_refused_clearly_by_other_stores() -> None:

@@ -223,6 +223,7 @@ def add(
     *,
     retried: bool = False,
     admit_first: bool = True,
+    check: Callable[[list[Any]], object] | None = None,
 ) -> tuple[list[Any], list[str], Admitted]:
     """:func:`_transitions.add` deferring past ``bound``: ``(what it answers, each row's state as inserted
     ('' for a row whose key was held), what it admitted first)``.
@@ -231,16 +232,18 @@ def add(
     room (an admission missed it), they are admitted first (under the admission lock), so that the new
     jobs queue behind the old (unless ``admit_first`` is false: ``enqueue_tx``, in the caller's
     transaction); then each new job is ready (or scheduled) while the count stays below
-    ``bound`` and nothing is deferred, else deferred.
+    ``bound`` and nothing is deferred, else deferred. ``check``: as :func:`_transitions.add`'s.
     """
     ids = [r[0] for r in rows]
     hashes = [None if r[1].key is None else sql.key_hash(r[1].key) for r in rows]
     with conn.transaction(), _cur(conn) as cur:
-        if retried and _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone():
-            found = sql._holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids))
+        if retried:
             _run(cur, f"SELECT id, state FROM {s}.jobs WHERE id = ANY(%s)", (ids,))
             had = dict(cur.fetchall())
-            return found, [had.get(job_id, "") for job_id in ids], Admitted()
+            if had:  # the first try committed: each job is in, or its key's holder answers
+                missing = [i for i, job_id in enumerate(ids) if job_id not in had]
+                found = sql._holders(cur, s, rows, hashes, missing, inserted=set(had))
+                return found, [had.get(job_id, "") for job_id in ids], Admitted()
         if max_pending is not None:
             sql._admit(cur, s, rows, hashes, max_pending)
         deferred, pending = _row(_run(cur, f"SELECT {_probe(s)}, {_count(s, bound)}"))
@@ -278,4 +281,6 @@ def add(
             inserted, _ = sql._insert(cur, s, rows, hashes, now, notify, states)
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
         found = [None] * len(rows) if not missing else sql._holders(cur, s, rows, hashes, missing, inserted=inserted)
+        if check is not None:
+            check(found)
     return found, [st if job_id in inserted else "" for job_id, st in zip(ids, states, strict=True)], admitted

@@ -35,7 +35,7 @@ makes is PostgreSQL's to break (the loser's call is retried, see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -142,6 +142,7 @@ def add(
     notify: tuple[str, str] | None,
     *,
     retried: bool = False,
+    check: Callable[[list[Job], list[bool]], object] | None = None,
 ) -> tuple[list[Job], list[bool]]:
     """Insert ``rows`` (``(id, job, payload JSON)``, some with ``after``) all or nothing, in one transaction
     (the caller's, for ``enqueue_tx``); ``(each row's snapshot, whether it was inserted)`` (a row whose key
@@ -153,7 +154,8 @@ def add(
     a plain add does, but by the next claim or promote). ``max_pending`` counts only the jobs that will
     be pending. ``notify``: ``(channel, "r|node|")`` of the NOTIFY sent when jobs are ready (the count is
     appended). Raises :class:`~trioq.InvalidJob` (``field`` ``after``, or ``jobs[i].after``) for a parent
-    the store does not hold, or an ``after`` entry that names no earlier job of the batch.
+    the store does not hold, or an ``after`` entry that names no earlier job of the batch. ``check``: called
+    with that answer before the transaction ends; what it raises undoes the add.
     """
     ids = [r[0] for r in rows]
     with _cur(conn) as cur:
@@ -164,7 +166,10 @@ def add(
         for _ in range(_KEY_TRIES):
             try:
                 with conn.transaction():
-                    return _add(cur, s, rows, now, max_pending, defer_past, notify)
+                    done = _add(cur, s, rows, now, max_pending, defer_past, notify)
+                    if check is not None:
+                        check(*done)
+                    return done
             except _KeyRace:
                 continue
     raise RuntimeError("the idempotency keys of this batch kept being taken by concurrent enqueues; enqueue again")

@@ -122,6 +122,7 @@ def add(
     notify: tuple[str, str] | None,
     *,
     retried: bool = False,
+    check: Callable[[list[Job | None]], object] | None = None,
 ) -> list[Job | None]:
     """Insert ``rows`` (``(id, job, payload JSON)``) all or nothing; ``None`` for each job inserted,
     the holder's snapshot for a key already held.
@@ -129,8 +130,10 @@ def add(
     ``notify``: ``(channel, payload)`` of a NOTIFY sent in the same
     transaction when a job was inserted. Raises :class:`~trioq.QueueFull`
     (inserting none) past ``max_pending`` ready plus scheduled jobs.
+    ``check``: called with that answer before the transaction ends (a
+    savepoint's, in a caller's transaction); what it raises undoes the add.
     """
-    return _add(conn, s, rows, now, max_pending, notify, None, retried)[0]
+    return _add(conn, s, rows, now, max_pending, notify, None, retried, check)[0]
 
 
 @attrs.frozen
@@ -177,30 +180,37 @@ def _add(
     notify: tuple[str, str] | None,
     claiming: Claiming | None,
     retried: bool,
+    check: Callable[[list[Job | None]], object] | None = None,
 ) -> tuple[list[Job | None], list[str]]:
     """:func:`add` (``claiming`` ``None``) and :func:`add_claiming`: the holders found, and the ids claimed."""
     ids = [r[0] for r in rows]
     hashes = [None if r[1].key is None else key_hash(r[1].key) for r in rows]
     with _cur(conn) as cur:
-        if retried and _run(cur, f"SELECT 1 FROM {s}.jobs WHERE id = ANY(%s) LIMIT 1", (ids,)).fetchone():
-            # The first try committed: every job is in (all or nothing), or its key's holder is; what it
-            # claimed runs under its token, and is this try's to hand over (nobody else knows of it).
-            taken = [] if claiming is None else [job.id for job in claimed_with(conn, s, claiming.node, claiming.token)]
-            return _holders(cur, s, rows, hashes, range(len(rows)), inserted=set(ids)), taken
+        if retried:
+            present = {row[0] for row in _run(cur, f"SELECT id FROM {s}.jobs WHERE id = ANY(%s)", (ids,))}
+            if present:
+                # The first try committed: every job is in (all or nothing), or its key's holder is; what
+                # it claimed runs under its token, and is this try's to hand over (nobody else knows of it).
+                taken = [] if claiming is None else [j.id for j in claimed_with(conn, s, claiming.node, claiming.token)]
+                missing = [i for i, job_id in enumerate(ids) if job_id not in present]
+                return _holders(cur, s, rows, hashes, missing, inserted=present), taken
         if claiming is None and max_pending is None and len(rows) >= COPY_FROM and all(h is None for h in hashes):
             with conn.transaction():
                 _copy(cur, s, rows, now, notify)
             return [None] * len(rows), []
-        if max_pending is None:
+        if max_pending is None and check is None:  # one statement: its own transaction
             inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
-        else:
-            with conn.transaction():
+            missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
+            return _holders(cur, s, rows, hashes, missing, inserted=inserted), taken
+        with conn.transaction():
+            if max_pending is not None:
                 _admit(cur, s, rows, hashes, max_pending)
-                inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
-        missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
-        if not missing:
-            return [None] * len(rows), taken
-        return _holders(cur, s, rows, hashes, missing, inserted=inserted), taken
+            inserted, taken = _insert(cur, s, rows, hashes, now, notify, claiming=claiming)
+            missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
+            found = _holders(cur, s, rows, hashes, missing, inserted=inserted)
+            if check is not None:
+                check(found)
+        return found, taken
 
 
 def _admit(cur: Any, s: str, rows: Sequence[tuple[str, NewJob, str]], hashes: list[bytes | None], bound: int) -> None:

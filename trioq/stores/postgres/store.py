@@ -8,6 +8,7 @@ for indexes, vacuum and sizes.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import threading
@@ -268,7 +269,8 @@ class PostgresStore:
             except psycopg.OperationalError as exc:
                 if not _transient(exc) or time.monotonic() > give_up:
                     raise
-                _log.warning("trioq: PostgreSQL call %s failed (%s); retrying", fn.__name__, exc)
+                name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", fn), "__name__", "?")  # (a partial)
+                _log.warning("trioq: PostgreSQL call %s failed (%s); retrying", name, exc)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
 
@@ -516,32 +518,37 @@ class PostgresStore:
         if not rows:
             await trio.lowlevel.checkpoint()
             return Added()
-        if len(rows) > 1 and any(job.key is not None for _, job, _ in rows):
-            # A batch is refused whole when one key is another task's (checked before anything goes in;
-            # a single job's add finds out from the holder it meets, having inserted nothing).
-            await self._call(_key_clash, rows)
+        # A batch with keys is refused whole when one key is another task's: checked in the transaction
+        # that inserts it, alone (gathered with other adds, its refusal would undo theirs). A single job's
+        # add finds out from the holder it meets, having inserted nothing.
+        whole = len(rows) > 1 and any(job.key is not None for _, job, _ in rows)
         if any(job.after for _, job, _ in rows):
             return await self._add_flow(rows, max_pending)
-        if max_pending is None and self._gatherer is not None:
+        if max_pending is None and self._gatherer is not None and not whole:
             # Sent with the other adds waiting meanwhile, in one statement.
             answers = await self._gatherer.call(rows)  # a call's rows go in one statement: one now
             found, now = [was for was, _, _ in answers], answers[0][1]
             states: list[str] | None = [state for _, _, state in answers]
         else:
-            found, now, states = await self._insert(rows, max_pending)
+            found, now, states = await self._insert(rows, max_pending, check=_clash_refuser(rows) if whole else None)
         return self._added(rows, found, now, announce=True, states=states)
 
     async def _insert(
-        self, rows: list[_Row], max_pending: int | None, *, claim: bool = False
+        self,
+        rows: list[_Row],
+        max_pending: int | None,
+        *,
+        claim: bool = False,
+        check: Callable[[list[Job | None]], object] | None = None,
     ) -> tuple[list[Job | None], float, list[str] | None]:
         """Insert ``rows`` in one statement at the store's now: what :func:`sql.add` found, that now, and
         (``defer_past`` set, or ``claim`` and a row marked) each row's state as inserted (see ``_defer.add``).
 
         ``claim``: the statement may claim some of the jobs for this node's
         idle workers (:meth:`_claiming`), handed to them here, and ``"running"``
-        in their states. Other nodes hear of the ready jobs inside the
-        statement, or from the notifier soon after when a NOTIFY went out
-        within :data:`NOTIFY_EVERY`.
+        in their states. ``check``: as :func:`sql.add`'s (not with ``claim``).
+        Other nodes hear of the ready jobs inside the statement, or from the
+        notifier soon after when a NOTIFY went out within :data:`NOTIFY_EVERY`.
         """
         config = self._open()
         now = config.clock()
@@ -576,12 +583,15 @@ class PostgresStore:
                 handed.sort(key=lambda job: -job.priority)
                 config.on_claimed(handed)
         elif config.defer_past is None:
-            found = await self._call(sql.add, rows, now, max_pending, notify, retried=True)
+            found = await self._call(
+                functools.partial(sql.add, check=check), rows, now, max_pending, notify, retried=True
+            )
             inserted = [was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True)]
         else:
             found, states, admitted = await self._call(
-                _defer.add, rows, now, config.defer_past, max_pending, notify, config.fairness, retried=True
-            )
+                functools.partial(_defer.add, check=check),
+                rows, now, config.defer_past, max_pending, notify, config.fairness, retried=True,
+            )  # fmt: skip
             inserted = [was is None and state == "ready" for was, state in zip(found, states or (), strict=True)]
             self._admitted(admitted)
         if notify is None and any(inserted):  # inserted ready and not claimed: other nodes hear soon
@@ -595,7 +605,8 @@ class PostgresStore:
         now = config.clock()
         notify = (self.channel, f"r|{config.node}|")
         self._parents = True
-        out, inserted = await self._call(_flows.add, rows, now, max_pending, config.defer_past, notify, retried=True)
+        add = functools.partial(_flows.add, check=_flow_clash_refuser(rows))
+        out, inserted = await self._call(add, rows, now, max_pending, config.defer_past, notify, retried=True)
         ready = 0
         for job, new in zip(out, inserted, strict=True):
             if not new:
@@ -640,11 +651,15 @@ class PostgresStore:
         """
         config = self._open()
         rows = self._rows(jobs)
-        if len(rows) > 1 and any(job.key is not None for _, job, _ in rows):
-            _key_clash(conn, self.schema, rows)  # as add: before anything goes in the caller's transaction
+        # As add: a batch is refused whole on a key clash, undone to a savepoint in the caller's transaction.
+        whole = len(rows) > 1 and any(job.key is not None for _, job, _ in rows)
+        check = _clash_refuser(rows) if whole else None
         if any(job.after for _, job, _ in rows):  # parents: locked in the caller's transaction (see _flows)
             self._parents = True  # a plain flag: any thread
-            out, inserted = _flows.add(conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"))
+            out, inserted = _flows.add(
+                conn, self.schema, rows, now, None, config.defer_past, (self.channel, "r||"),
+                check=_flow_clash_refuser(rows),
+            )  # fmt: skip
             if any(job.deadline is not None for _, job, _ in rows):
                 self._deadlines_used = True
             # A key's holder of another task is refused here as in add (a single job's insert found it,
@@ -655,13 +670,14 @@ class PostgresStore:
         notify = (self.channel, f"r||{ready}") if ready else None
         states: list[str] | None = None
         if config.defer_past is None:
-            found = sql.add(conn, self.schema, rows, now, None, notify)
+            found = sql.add(conn, self.schema, rows, now, None, notify, check=check)
         else:
             # Deferred past the bound as an enqueue is, counted in the caller's snapshot; it admits nothing
             # (that would hold the admission lock until the caller commits).
             found, states, _ = _defer.add(
-                conn, self.schema, rows, now, config.defer_past, None, notify, config.fairness, admit_first=False
-            )
+                conn, self.schema, rows, now, config.defer_past, None, notify, config.fairness, admit_first=False,
+                check=check,
+            )  # fmt: skip
         if any(job.deadline is not None for _, job, _ in rows):
             self._deadlines_used = True  # claims look for due deadlines from now on (a plain flag: any thread)
         return self._added(rows, found, now, announce=False, states=states)
@@ -1145,31 +1161,31 @@ def _where(rows: Sequence[_Row], i: int) -> str:
 def _found(rows: Sequence[_Row], jobs: list[Job], held: list[int]) -> Added:
     """``jobs`` as :meth:`PostgresStore.add` answers them, ``held`` the indexes whose key found a holder;
     :func:`key_clash` if a holder is a job of another task."""
-    for i in held:
-        job, holder = rows[i][1], jobs[i]
-        if holder.task != job.task:
-            raise key_clash(job.key or "", holder.task, job.task, _where(rows, i))
+    _refuse_clash(rows, [jobs[i] if i in held else None for i in range(len(rows))])
     return Added(jobs, held)
 
 
-def _key_clash(conn: Any, schema: str, rows: Sequence[_Row]) -> None:
-    """Raise :func:`key_clash` for the first of ``rows`` whose key a job of another task holds: earlier
-    in the batch, or in the table."""
-    seen: dict[str, str] = {}
-    for i, (_, job, _) in enumerate(rows):
-        if job.key is not None and seen.setdefault(job.key, job.task) != job.task:
-            raise key_clash(job.key, seen[job.key], job.task, _where(rows, i))
-    keyed = [(i, job) for i, (_, job, _) in enumerate(rows) if job.key is not None]
-    with conn.cursor() as cur:
-        cur.execute(
-            f"SELECT u.i, j.task FROM unnest(%s::int[], %s::bytea[], %s::text[]) AS u(i, h, t)"
-            f" JOIN {schema}.jobs j ON j.key_hash = u.h AND j.task <> u.t ORDER BY u.i LIMIT 1",
-            ([i for i, _ in keyed], [sql.key_hash(job.key or "") for _, job in keyed], [job.task for _, job in keyed]),
-        )
-        clash = cur.fetchone()
-    if clash is not None:
-        i, holder = clash
-        raise key_clash(rows[i][1].key or "", holder, rows[i][1].task, _where(rows, i))
+def _refuse_clash(rows: Sequence[_Row], holders: Sequence[Job | None]) -> None:
+    """Raise :func:`key_clash` for the first of ``rows`` whose key's holder (``holders[i]``, ``None``: it
+    went in) is a job of another task: one earlier in the batch, or one in the table."""
+    for i, holder in enumerate(holders):
+        job = rows[i][1]
+        if holder is not None and holder.task != job.task:
+            raise key_clash(job.key or "", holder.task, job.task, _where(rows, i))
+
+
+def _clash_refuser(rows: Sequence[_Row]) -> Callable[[list[Job | None]], None]:
+    """An add's ``check`` that refuses the whole batch ``rows`` on a key clash (:func:`_refuse_clash`)."""
+    return functools.partial(_refuse_clash, rows)
+
+
+def _flow_clash_refuser(rows: Sequence[_Row]) -> Callable[[list[Job], list[bool]], None]:
+    """:func:`_clash_refuser` for ``_flows.add``'s answer (each row's snapshot, whether it went in)."""
+
+    def check(jobs: list[Job], inserted: list[bool]) -> None:
+        _refuse_clash(rows, [None if new else job for job, new in zip(jobs, inserted, strict=True)])
+
+    return check
 
 
 def _notify(conn: Any, schema: str, channel: str, payloads: list[str]) -> None:
