@@ -104,6 +104,16 @@ async def test_enqueue_tx_commits_with_the_callers_transaction_and_never_on_roll
             await queue.get(lost.id)
         with pytest.raises(trioq.UnknownTask):
             await trio.to_thread.run_sync(lambda: queue.enqueue_tx(None, "nope"))
+        with pytest.raises(TypeError, match="psycopg connection"):
+            await trio.to_thread.run_sync(lambda: queue.enqueue_tx(pg_dsn, "echo"))
+        enqueued = (await queue.stats())["totals"]["enqueued"]
+
+        def enqueue_twice() -> list[trioq.Job]:
+            with psycopg.connect(pg_dsn) as conn:
+                return [queue.enqueue_tx(conn, "echo", key="twice") for _ in range(2)]
+
+        first, second = await trio.to_thread.run_sync(enqueue_twice)
+        assert first.id == second.id and (await queue.stats())["totals"]["enqueued"] == enqueued + 1
 
 
 async def test_enqueue_tx_refuses_a_key_held_by_another_task_with_parents_too(pg_dsn: str) -> None:

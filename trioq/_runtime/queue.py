@@ -248,8 +248,14 @@ class Queue:
         except RuntimeError:  # not in the trio thread: the same wall clock, read directly
             now = time.time()
         new = self._resolve(spec, now, None)
-        (job,) = add_tx(conn, [new], now)
-        self._totals.enqueued += 1
+        if not callable(getattr(conn, "cursor", None)):
+            raise TypeError(
+                f"enqueue_tx needs your psycopg connection (a psycopg.Connection), got {type(conn).__name__}"
+            )
+        added = add_tx(conn, [new], now)
+        (job,) = added
+        if not getattr(added, "existing", ()):  # a new job (if the caller commits), not its key's holder
+            self._totals.enqueued += 1
         assert isinstance(job, Job)
         return job
 
