@@ -66,8 +66,8 @@ async def test_a_call_cancelled_before_it_is_taken_adds_nothing_and_one_taken_ge
         nursery.start_soon(gatherer.run)
         scope = trio.CancelScope()
         nursery.start_soon(taken_then_cancelled, scope)
-        await trio.sleep(0.1)  # [7] is in flight
-        with trio.move_on_after(0.2):  # waits behind it, never taken
+        await trio.sleep(0.01)  # [7] is in flight
+        with trio.move_on_after(0.02):  # waits behind it (not stalled yet), never taken
             await gatherer.call([8])
         scope.cancel()
         await trio.sleep(5)
@@ -99,3 +99,44 @@ async def test_calls_waiting_when_the_store_closes_are_sent_and_later_ones_refus
     with pytest.raises(RuntimeError, match="nothing was added"):
         await gatherer.call([3])
     assert statement.batches == [[1], [2]]
+
+
+async def test_calls_behind_a_stalled_statement_go_beside_it_at_most_four_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A statement that waits on a lock (another transaction's key) holds up no other add: once it has
+    been out STALLED, what accumulated goes in a statement of its own, up to MAX_IN_FLIGHT at once."""
+    release = trio.Event()
+    batches: list[list[int]] = []
+
+    async def statement(rows: list[int]) -> list[int]:
+        batches.append(list(rows))
+        if rows[0] < 0:
+            await release.wait()  # waits on a lock
+        else:
+            await trio.sleep(0.01)
+        return rows
+
+    gatherer: Gatherer[int, int] = Gatherer(statement)
+    answered: dict[int, float] = {}
+
+    async def call(n: int) -> None:
+        await gatherer.call([n])
+        answered[n] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gatherer.run)
+        for n in (-1, -2, -3, -4):  # four stalled statements, each sent once the one before stalled
+            nursery.start_soon(call, n)
+            await trio.sleep(0.1)
+        nursery.start_soon(call, 5)  # a fifth waits for one of them to end
+        await trio.sleep(1.0)
+        assert answered == {} and batches == [[-1], [-2], [-3], [-4]]
+        release.set()
+        await trio.sleep(1.0)
+        for n in (6, 7):  # after them, calls gather again
+            nursery.start_soon(call, n)
+        await trio.sleep(1.0)
+        nursery.cancel_scope.cancel()
+    assert batches[4:] == [[5], [6, 7]] or sorted(batches[5]) == [6, 7]
+    assert set(answered) == {-1, -2, -3, -4, 5, 6, 7}

@@ -6,6 +6,12 @@ accumulated while its last statement ran as the next one (group commit, as
 the WAL's writer does it), and hands each caller its share of the answer.
 Each caller's jobs are still all or nothing: a statement inserts all its rows
 or none.
+
+A statement out longer than :data:`STALLED` waits on a lock (an idempotency
+key another transaction holds, maybe the caller's own ``enqueue_tx`` in a
+thread that now enqueues through trio): what accumulated meanwhile goes in a
+statement of its own, beside it, at most :data:`MAX_IN_FLIGHT` at once, so
+that one key's wait holds up no other add.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ A = TypeVar("A")
 _STOPPED = "the store is closed (or its adder failed) before this enqueue was sent; nothing was added"
 #: At most this many rows go in one statement (the rest wait for the next).
 MAX_ROWS = 5000
+#: Seconds after which the newest statement in flight counts as stalled (a statement takes a few ms).
+STALLED = 0.05
+#: At most this many statements in flight at once.
+MAX_IN_FLIGHT = 4
 
 
 @attrs.define(eq=False)
@@ -50,6 +60,8 @@ class Gatherer(Generic[R, A]):
         self._wanted = trio.Event()
         self._stopped = False
         self._drained = trio.Event()  # set once run() has ended: every call taken has its answer
+        self._flights: list[float] = []  # when each statement in flight was sent (trio's clock)
+        self._ended = trio.Event()  # set (and replaced) as each statement in flight ends
 
     async def call(self, rows: Sequence[R]) -> list[A]:
         """``send``'s answers for ``rows``, sent with whatever else is waiting.
@@ -76,17 +88,34 @@ class Gatherer(Generic[R, A]):
         return call.answer
 
     async def run(self) -> None:
-        """Send gathered calls until :meth:`stop`, or until cancelled while none waits (the sends are
-        shielded: calls waiting when the cancel comes are sent first); later calls raise ``RuntimeError``."""
+        """Send gathered calls until :meth:`stop` (then every call waiting is sent first), or until cancelled
+        (calls taken get their answers: the sends are shielded; calls not taken raise ``RuntimeError``,
+        as later calls do)."""
         try:
-            while not self._stopped:
-                await self._wanted.wait()
-                self._wanted = trio.Event()
-                while self._pending:
-                    await self._send_some()
+            async with trio.open_nursery() as sends:
+                while self._pending or not self._stopped:
+                    if not self._pending:
+                        await self._wanted.wait()
+                        self._wanted = trio.Event()
+                        continue
+                    if self._flights:
+                        # Gather while a statement is out: until one ends, or the newest has stalled.
+                        ended = self._ended
+                        with trio.move_on_at(self._flights[-1] + STALLED):
+                            await ended.wait()
+                        if ended.is_set():
+                            continue
+                        if len(self._flights) >= MAX_IN_FLIGHT:
+                            await ended.wait()
+                            continue
+                        if not self._pending:  # (their callers were cancelled meanwhile)
+                            continue
+                    sent = trio.current_time()
+                    self._flights.append(sent)
+                    sends.start_soon(self._send_some, self._take(), sent)
         finally:
             self._stopped = True
-            for call in self._pending:  # only if a send raised: nothing of theirs was sent
+            for call in self._pending:  # not taken: nothing of theirs was sent
                 call.error = RuntimeError(_STOPPED)
                 call.done.set()
             self._pending = []
@@ -99,7 +128,8 @@ class Gatherer(Generic[R, A]):
         self._wanted.set()
         await self._drained.wait()
 
-    async def _send_some(self) -> None:
+    def _take(self) -> list[_Call[R, A]]:
+        """The calls waiting, oldest first, up to :data:`MAX_ROWS` rows (a call's rows are never split)."""
         batch: list[_Call[R, A]] = []
         size = 0
         while self._pending and (not batch or size + len(self._pending[0].rows) <= MAX_ROWS):
@@ -107,6 +137,10 @@ class Gatherer(Generic[R, A]):
             call.taken = True
             batch.append(call)
             size += len(call.rows)
+        return batch
+
+    async def _send_some(self, batch: list[_Call[R, A]], sent: float) -> None:
+        """Send ``batch`` in one statement and answer each call; ``sent``: its entry in the flights."""
         rows = [row for call in batch for row in call.rows]
         try:
             with trio.CancelScope(shield=True):  # taken calls get their answer, whatever happens around
@@ -118,6 +152,10 @@ class Gatherer(Generic[R, A]):
             if not isinstance(exc, Exception):
                 raise
             return
+        finally:
+            self._flights.remove(sent)
+            self._ended.set()
+            self._ended = trio.Event()
         start = 0
         for call in batch:
             call.answer = answers[start : start + len(call.rows)]

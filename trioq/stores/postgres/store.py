@@ -624,8 +624,8 @@ class PostgresStore:
 
     async def _add_gathered(self, rows: list[_Row]) -> list[tuple[Job | None, float, str]]:
         """The :class:`Gatherer`'s statement: ``rows`` of several adds at once, each with the one ``now``; it
-        may claim some for this node's idle workers (one statement at a time: no two adds claim for the
-        same workers)."""
+        may claim some for this node's idle workers (a statement beside a stalled one claims only for the
+        workers that one did not reserve: :meth:`_reserving`)."""
         found, now, states = await self._insert(rows, None, claim=True)
         if states is None:
             return [(was, now, "") for was in found]
