@@ -55,7 +55,7 @@ def test_soak_smoke_postgres(tmp_path: Path) -> None:
     assert line["chaos"]["sigkill"] >= 1 and line["chaos"]["sigterm"] >= 1, line["chaos"]
     if not os.environ.get(DSN_ENV):
         assert line["chaos"]["db_restart"] == 1, line["chaos"]
-    assert verdict["interrupted"] >= 1 and verdict["jobs"] >= 1000, verdict
+    assert verdict["interrupted"] >= 1 and verdict["jobs"] >= 600, verdict  # (the server feeding it is killed too)
     assert line["load"]["running_at_ack"] >= 1, line["load"]  # some enqueues claimed for the server's workers
     assert verdict["fan_in"]["ran"] >= 10 and verdict["cron"]["ticks"] >= 3, verdict
     for key, limit in verdict["limits"].items():
