@@ -44,10 +44,11 @@ def schema_for(path: Path) -> str:
     return "t_" + hashlib.sha1(str(path).encode()).hexdigest()[:24]
 
 
-def postgres_kind(dsn: str, *, nodes: int = 2, model_examples: int | None = 25) -> StoreKind:
+def postgres_kind(dsn: str, *, nodes: int = 2, model_examples: int | None = 15) -> StoreKind:
     """PostgresStore on the test cluster: a schema per case, its sessions on the same schema as nodes.
-    Its model-based run takes 25 examples (the embedded stores take 50 to 100): every call is a round
-    trip, and the three-node run (tests/stores/test_conformance.py) adds 25 more."""
+    Its model-based run takes 15 examples (the embedded stores take 50 to 100): every call is a round
+    trip, each example opens a fresh schema and several sessions (most of its time), and the three-node
+    run (tests/stores/test_conformance.py) adds 25 more."""
     return StoreKind(
         make=lambda path: trioq.PostgresStore(dsn, schema=schema_for(path)),
         reopen=lambda store, path: trioq.PostgresStore(dsn, schema=schema_for(path)),

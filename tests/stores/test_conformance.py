@@ -18,10 +18,10 @@ from trioq.stores.conformance._cases_model import ModelCases
 class TestStoreConformance(StoreConformance):
     """Every conformance case, once per kind in ``conftest.STORE_KINDS``.
 
-    The random limit run takes 35 examples here, not the case's 60, for the suite's time.
+    The random limit run takes 25 examples here, not the case's 60, for the suite's time.
     """
 
-    limit_examples = 35
+    limit_examples = 25
 
 
 class TestModelBasedRunOnThreePostgresNodes(ModelCases):
