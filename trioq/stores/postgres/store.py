@@ -372,7 +372,10 @@ class PostgresStore:
 
     def _prepare_schema(self, conn: Any, schema: str) -> None:
         if self.migrate:
-            migrate(conn, schema)
+            with conn.cursor() as cur:
+                current = current_version(cur, schema) == SCHEMA_VERSION
+            if not current:  # (a current schema is read in two statements: no lock, no transaction)
+                migrate(conn, schema)
         else:
             with conn.cursor() as cur:
                 version = current_version(cur, schema)
