@@ -1164,7 +1164,10 @@ def _where(rows: Sequence[_Row], i: int) -> str:
 def _found(rows: Sequence[_Row], jobs: list[Job], held: list[int]) -> Added:
     """``jobs`` as :meth:`PostgresStore.add` answers them, ``held`` the indexes whose key found a holder;
     :func:`key_clash` if a holder is a job of another task."""
-    _refuse_clash(rows, [jobs[i] if i in held else None for i in range(len(rows))])
+    holders: list[Job | None] = [None] * len(rows)
+    for i in held:
+        holders[i] = jobs[i]
+    _refuse_clash(rows, holders)
     return Added(jobs, held)
 
 
