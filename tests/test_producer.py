@@ -227,6 +227,11 @@ def _new() -> NewJob:
     return NewJob("noop", {}, 0, None, 3, 0.0, "default", None, None, (), ())
 
 
+async def _take_into(producer: Producer, got: list[trioq.Job | None]) -> None:
+    """A worker: the producer's next job (or ``None``), noted in ``got``."""
+    got.append(await producer.take())
+
+
 async def test_jobs_handed_to_the_producer_go_to_its_parked_workers() -> None:
     """``takers()`` is the workers parked for want of a job; jobs a store claimed for the node on its own
     (``hand_over``) go to them as a claim's would; once stopping it offers none."""
@@ -235,12 +240,9 @@ async def test_jobs_handed_to_the_producer_go_to_its_parked_workers() -> None:
         producer = Producer(store, node="n", lease=30.0, poll_interval=math.inf)
         got: list[trioq.Job | None] = []
 
-        async def worker() -> None:
-            got.append(await producer.take())
-
         async with trio.open_nursery() as nursery:
             for _ in range(3):
-                nursery.start_soon(worker)
+                nursery.start_soon(_take_into, producer, got)
             await trio.testing.wait_all_tasks_blocked()
             assert producer.takers() == 3
             jobs = [attrs.evolve(job, state=JobState.RUNNING) for job in await store.add([_new(), _new()])]
@@ -260,11 +262,8 @@ async def test_a_claim_cancelled_before_it_is_handed_over_never_reaches_a_worker
         producer = Producer(store, node="n", lease=30.0, poll_interval=math.inf)
         got: list[trioq.Job | None] = []
 
-        async def worker() -> None:
-            got.append(await producer.take())
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker)
+            nursery.start_soon(_take_into, producer, got)
             await trio.testing.wait_all_tasks_blocked()
             first, second = [
                 attrs.evolve(job, state=JobState.RUNNING, epoch=1) for job in await store.add([_new(), _new()])
