@@ -48,7 +48,7 @@ def postgres_kind(dsn: str, *, nodes: int = 2, model_examples: int | None = 15) 
     """PostgresStore on the test cluster: a schema per case, its sessions on the same schema as nodes.
     Its model-based run takes 15 examples (the embedded stores take 50 to 100): every call is a round
     trip, each example opens a fresh schema and several sessions (most of its time), and the three-node
-    run (tests/stores/test_conformance.py) adds 25 more."""
+    run (tests/stores/test_conformance.py) adds 18 more."""
     return StoreKind(
         make=lambda path: trioq.PostgresStore(dsn, schema=schema_for(path)),
         reopen=lambda store, path: trioq.PostgresStore(dsn, schema=schema_for(path)),

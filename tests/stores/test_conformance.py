@@ -29,4 +29,4 @@ class TestModelBasedRunOnThreePostgresNodes(ModelCases):
 
     @pytest.fixture
     def store_kind(self, pg_cluster: Cluster | ExternalCluster) -> StoreKind:
-        return postgres_kind(pg_cluster.dsn, nodes=3, model_examples=25)
+        return postgres_kind(pg_cluster.dsn, nodes=3, model_examples=18)
