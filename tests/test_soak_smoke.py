@@ -4,8 +4,8 @@ Two worker processes on a throwaway cluster, SIGKILLs and SIGTERMs about
 every 6 s, one server restart: the verdict (from the handlers' side journal,
 not the store's counters) must be clean, so a regression in recovery cannot
 land unseen. One of the two is a ``trioq serve --postgres`` that takes the
-enqueues (``--feed serve``), so that enqueues claim jobs for its idle workers
-and it is killed holding them. The long runs are in docs/benchmarks.md.
+enqueues while it answers (``--feed serve``), so that enqueues claim jobs for
+its idle workers and it is killed holding them. The long runs are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_soak_smoke_postgres(tmp_path: Path) -> None:
     assert line["chaos"]["sigkill"] >= 1 and line["chaos"]["sigterm"] >= 1, line["chaos"]
     if not os.environ.get(DSN_ENV):
         assert line["chaos"]["db_restart"] == 1, line["chaos"]
-    assert verdict["interrupted"] >= 1 and verdict["jobs"] >= 600, verdict  # (the server feeding it is killed too)
+    assert verdict["interrupted"] >= 1 and verdict["jobs"] >= 1000, verdict
     assert line["load"]["running_at_ack"] >= 1, line["load"]  # some enqueues claimed for the server's workers
     assert verdict["fan_in"]["ran"] >= 10 and verdict["cron"]["ticks"] >= 3, verdict
     for key, limit in verdict["limits"].items():

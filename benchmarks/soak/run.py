@@ -3,8 +3,8 @@
 PostgreSQL: a throwaway cluster (``tests/pgcluster.py``) unless ``dsn``;
 ``workers`` ``trioq worker`` processes; the enqueuer is a producer-only
 ``open_queue`` in this process, or with ``feed="serve"`` the first of those
-processes is a ``trioq serve --postgres`` (workers as many) that takes every
-enqueue over HTTP: a node whose own workers wait, so that an enqueue may
+processes is a ``trioq serve --postgres`` (workers as many) that takes the
+enqueues over HTTP while it answers: a node whose own workers wait, so that an enqueue may
 claim its jobs for them in its INSERT (docs/postgres.md), the path a
 producer-only node never takes; the other calls go through the
 producer-only queue still. Chaos: SIGKILL or SIGTERM of a random worker
@@ -78,15 +78,21 @@ class Settings:
 
 
 class _Feed:
-    """The producer of ``feed="serve"``: ``enqueue_many`` through ``client`` (the serving node), every other
-    call through ``queue`` (producer-only, in this process)."""
+    """The producer of ``feed="serve"``: ``enqueue_many`` through ``client`` (the serving node) while it
+    answers, else (killed, restarting) through ``queue`` (producer-only, in this process), as every other
+    call. A call cut off by a kill may have added its jobs: the resend finds them by their keys."""
 
     def __init__(self, client: Any, queue: trioq.Queue) -> None:
         self.client = client
         self.queue = queue
 
     async def enqueue_many(self, specs: list[trioq.JobSpec]) -> list[trioq.Job]:
-        return list(await self.client.enqueue_many(specs))
+        try:
+            return list(await self.client.enqueue_many(specs))
+        except (trioq.InvalidJob, trioq.UnknownTask):
+            raise
+        except trioq.TrioqError:  # the server is not answering
+            return list(await self.queue.enqueue_many(specs))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.queue, name)
