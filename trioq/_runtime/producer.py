@@ -183,10 +183,13 @@ class Producer:
         refused: it is cancelled already)."""
         unseen = self._cancelled_unseen
         if unseen:
-            cancelled = [job for job in jobs if (job.id, job.epoch) in unseen]
-            for job in cancelled:
-                del unseen[job.id, job.epoch]
-            jobs = [job for job in jobs if job not in cancelled] if cancelled else jobs
+            kept = []
+            for job in jobs:
+                if (job.id, job.epoch) in unseen:
+                    del unseen[job.id, job.epoch]
+                else:
+                    kept.append(job)
+            jobs = kept
         self._claimed.extend(jobs)
         self._lot.unpark(count=len(jobs))
 

@@ -238,16 +238,19 @@ class PostgresStore:
             raise RuntimeError("this PostgresStore is not open; use it through trioq.open_queue")
         return config
 
-    async def _call(self, fn: Callable[..., T], *args: Any, retried: bool = False) -> T:
-        """Run ``fn(conn, schema, *args)`` in a worker thread on a pooled connection (see :meth:`_run`).
+    async def _call(self, fn: Callable[..., T], *args: Any, retried: bool = False, **options: Any) -> T:
+        """Run ``fn(conn, schema, *args, **options)`` in a worker thread on a pooled connection (see
+        :meth:`_run`).
 
         ``retried``: ``fn`` takes a ``retried`` keyword, true on a try after a
         broken connection (see ``_transitions``). Not a cancel point: once the
         statement is sent, its outcome is waited for.
         """
-        return await trio.to_thread.run_sync(self._run, fn, args, retried, limiter=self._limiter)
+        return await trio.to_thread.run_sync(self._run, fn, args, retried, options, limiter=self._limiter)
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], aware: bool = False) -> T:
+    def _run(
+        self, fn: Callable[..., T], args: tuple[Any, ...], aware: bool = False, options: Mapping[str, Any] = {}
+    ) -> T:
         """``fn(conn, schema, *args)``, retried while the database cannot be reached, for up to :data:`OUTAGE`.
 
         Errors that say the connection broke, the server is shutting down, or
@@ -264,13 +267,12 @@ class PostgresStore:
             try:
                 with self._pool.connection() as conn:
                     if aware:
-                        return fn(conn, self.schema, *args, retried=tries > 1)
-                    return fn(conn, self.schema, *args)
+                        return fn(conn, self.schema, *args, retried=tries > 1, **options)
+                    return fn(conn, self.schema, *args, **options)
             except psycopg.OperationalError as exc:
                 if not _transient(exc) or time.monotonic() > give_up:
                     raise
-                name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", fn), "__name__", "?")  # (a partial)
-                _log.warning("trioq: PostgreSQL call %s failed (%s); retrying", name, exc)
+                _log.warning("trioq: PostgreSQL call %s failed (%s); retrying", fn.__name__, exc)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
 
@@ -586,14 +588,12 @@ class PostgresStore:
                 handed.sort(key=lambda job: -job.priority)
                 config.on_claimed(handed)
         elif config.defer_past is None:
-            found = await self._call(
-                functools.partial(sql.add, check=check), rows, now, max_pending, notify, retried=True
-            )
+            found = await self._call(sql.add, rows, now, max_pending, notify, retried=True, check=check)
             inserted = [was is None and job.delay <= 0 for was, (_, job, _) in zip(found, rows, strict=True)]
         else:
             found, states, admitted = await self._call(
-                functools.partial(_defer.add, check=check),
-                rows, now, config.defer_past, max_pending, notify, config.fairness, retried=True,
+                _defer.add, rows, now, config.defer_past, max_pending, notify, config.fairness, retried=True,
+                check=check,
             )  # fmt: skip
             inserted = [was is None and state == "ready" for was, state in zip(found, states or (), strict=True)]
             self._admitted(admitted)
@@ -608,8 +608,9 @@ class PostgresStore:
         now = config.clock()
         notify = (self.channel, f"r|{config.node}|")
         self._parents = True
-        add = functools.partial(_flows.add, check=_flow_clash_refuser(rows))
-        out, inserted = await self._call(add, rows, now, max_pending, config.defer_past, notify, retried=True)
+        out, inserted = await self._call(
+            _flows.add, rows, now, max_pending, config.defer_past, notify, retried=True, check=_flow_clash_refuser(rows)
+        )
         ready = 0
         for job, new in zip(out, inserted, strict=True):
             if not new:
