@@ -226,6 +226,7 @@ def figures(
             "pending_answers": gateway["pending_answers"],
             "replays": gateway["replays"],
             "strict_rate_violations": gateway["strict_rate_violations"],
+            "worst_rate_excess_ms": gateway["worst_rate_excess_ms"],
             # The limiter's own view: charge attempts started (handlers' journal) in any 1 s window.
             "starts_over_gcra": over_gcra([a["started_at"] for a in attempts if a["task"] == "shop.charge"]),
             "busiest_second_of_starts": busiest_window(
@@ -484,9 +485,12 @@ def _pg_rows(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any
 async def run_postgres(
     cluster: Any, orders: int, clients: int, think: float, seed: int, lease: float, *, lock: bool = True,
     kill: bool = True, export_batch: int = EXPORT_BATCH, export_pause: float = EXPORT_PAUSE,
-    kill_after: int = KILL_AFTER_ROWS,
+    kill_after: int = KILL_AFTER_ROWS, gateway_allowance: float = 0.05,
 ) -> dict[str, Any]:  # fmt: skip
-    """The three phases against an API process and two ``trioq worker`` processes on a fresh database."""
+    """The three phases against an API process and two ``trioq worker`` processes on a fresh database.
+
+    ``gateway_allowance``: the seconds of jitter the gateway's rate bucket forgives (its ``--allowance``).
+    """
     import httpx
 
     dsn = cluster.create_database(f"shop_{os.getpid()}_{time.monotonic_ns() % 10**8}")
@@ -498,6 +502,7 @@ async def run_postgres(
     try:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(_ROOT)]), PYTHONUNBUFFERED="1")
         gateway_command = [sys.executable, "-m", "shop.gateway", "--port", "0", "--seed", str(seed)]
+        gateway_command += ["--allowance", str(gateway_allowance)]
         gateway = await trio.to_thread.run_sync(Child, "gateway", gateway_command, env, logs, _GATEWAY_BANNER)
         children.append(gateway)
         url = gateway.banner

@@ -4,7 +4,8 @@ The PostgreSQL run is real processes: the shop's API and two ``trioq worker``
 processes on the session's cluster, the fake gateway in a process of its own,
 an export SIGKILLed mid-way and resumed by the other worker.
 Only invariants are asserted (never a latency): the gateway never saw more
-than its limit allows in any second and never answered 429, every order was
+than its limit allows in any second and never answered 429 (the PostgreSQL
+run's gateway forgives more jitter: PG_GATEWAY_ALLOWANCE), every order was
 charged exactly once, 25 buyers for 5 units got 5 orders and 20 refusals and
 left no job behind, every job ended, and the killed export finished.
 """
@@ -12,6 +13,7 @@ left no job behind, every job ended, and the killed export finished.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +30,12 @@ pytestmark = pytest.mark.slow
 
 ORDERS, CLIENTS, THINK = 30, 6, 0.2  # faster than the benchmark's clients: the limiter has work to do
 LEASE = 2.0
+#: The jitter (s) the PostgreSQL run's gateway forgives, where the benchmark's forgives 0.05. What the
+#: limiter lets start reaches the gateway from another process, and on two busy cores that trip varies:
+#: with two busy loops beside it, the earliest request of a run came up to 54 ms before the strict bucket
+#: allowed (``worst_rate_excess_ms``, 18 runs; 3 of 24 such runs, and one whole suite, answered a 429 at
+#: 0.05). A limiter letting through twice its rate would be 25 ms further ahead with every request.
+PG_GATEWAY_ALLOWANCE = 0.15
 
 
 def load_bench() -> ModuleType:
@@ -44,9 +52,10 @@ bench = load_bench()
 
 
 def check_limits(gateway: dict[str, Any]) -> None:
-    assert gateway["busiest_second"] <= 25, gateway
-    assert gateway["rejected_429"] == 0, gateway
-    assert gateway["max_in_flight"] <= 4, gateway
+    shown = json.dumps(gateway, sort_keys=True)  # all of it: pytest cuts a dict's repr short
+    assert gateway["busiest_second"] <= 25, shown
+    assert gateway["rejected_429"] == 0, shown
+    assert gateway["max_in_flight"] <= 4, shown
 
 
 def check_invariants(line: dict[str, Any], *, limits: bool = True) -> None:
@@ -87,7 +96,17 @@ _PG_GATEWAY: dict[str, Any] = {}
 def test_shop_on_postgres_processes(pg_cluster: Cluster | ExternalCluster) -> None:
     line = trio.run(
         lambda: bench.run_postgres(
-            pg_cluster, ORDERS, CLIENTS, THINK, 1, LEASE, lock=True, kill=True, export_pause=0.03, kill_after=6
+            pg_cluster,
+            ORDERS,
+            CLIENTS,
+            THINK,
+            1,
+            LEASE,
+            lock=True,
+            kill=True,
+            export_pause=0.03,
+            kill_after=6,
+            gateway_allowance=PG_GATEWAY_ALLOWANCE,
         )
     )
     _PG_GATEWAY.update(line["gateway"])

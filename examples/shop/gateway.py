@@ -165,6 +165,7 @@ class FakeGateway:
         self.succeeded_by_order: Counter[str] = Counter()
         self.requests_by_order: Counter[str] = Counter()
         self.strict_rate_violations = 0
+        self.worst_rate_excess = -math.inf  # seconds: the most any request came earlier than the strict bucket allows
         self._tat = -math.inf  # the bucket's theoretical arrival time
         self._tries: Counter[str] = Counter()  # tries to create a charge, per key
 
@@ -174,9 +175,11 @@ class FakeGateway:
             return "concurrency"
         tat = max(self._tat, now)
         tolerance = (self.burst - 1) * self.interval
-        if tat - now > tolerance + self.allowance + 1e-9:
+        excess = tat - now - tolerance  # how much earlier than the strict bucket allows (> 0: early)
+        self.worst_rate_excess = max(self.worst_rate_excess, excess)
+        if excess > self.allowance + 1e-9:
             return "rate"
-        if tat - now > tolerance + 1e-9:
+        if excess > 1e-9:
             self.strict_rate_violations += 1
         self._tat = tat + self.interval
         return None
@@ -240,6 +243,7 @@ class FakeGateway:
             "replays": outcomes["replay"],
             "max_in_flight": self.max_seen_in_flight,
             "strict_rate_violations": self.strict_rate_violations,
+            "worst_rate_excess_ms": round(self.worst_rate_excess * 1000, 1) if self.requests else None,
             "succeeded_by_order": dict(self.succeeded_by_order),
             "requests_by_order": dict(self.requests_by_order),
             "request_times": [r.at for r in self.requests],
@@ -356,15 +360,15 @@ async def _serve_process(args: argparse.Namespace) -> None:
                     return
 
         nursery.start_soon(on_signal)
-        gateway = FakeGateway(seed=args.seed)
+        gateway = FakeGateway(seed=args.seed, allowance=args.allowance)
         url = await nursery.start(lambda task_status: serve(gateway, host=args.host, port=args.port,
                                                             shutdown=shutdown, task_status=task_status))  # fmt: skip
         print(f"fake gateway serving on {url}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m shop.gateway [--port 0] [--seed 0]``: the fake gateway as a process of its own, until
-    SIGTERM/SIGINT; prints ``fake gateway serving on URL``. ``GET /stats`` reports what it saw.
+    """``python -m shop.gateway [--port 0] [--seed 0] [--allowance 0.05]``: the fake gateway as a process of
+    its own, until SIGTERM/SIGINT; prints ``fake gateway serving on URL``. ``GET /stats`` reports what it saw.
 
     Its own process, as a provider is its own machine: the time it stamps on a request is not held up by
     whatever else the process that starts it (a benchmark's driver, its clients) is doing.
@@ -373,6 +377,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--allowance", type=float, default=0.05, help="seconds of jitter the rate bucket forgives (default 0.05)"
+    )
     trio.run(_serve_process, parser.parse_args(argv))
 
 
