@@ -634,7 +634,16 @@ async def _pg_export_kill(
     assert at_kill is not None
     moved = await until(lambda p: p[2] > killed_at, "the export resuming on the other worker")
     done = await until(lambda p: p[3], "the export finishing")
-    state = _pg_rows(dsn, "SELECT state, result::text FROM trioq.jobs WHERE id = %s", (job_id,))
+    # The handler marks the export done, then returns: its job ends when the node's completer commits,
+    # a moment later (tens of milliseconds on two busy cores).
+    with trio.fail_after(TIMEOUT):
+        while True:
+            state = await trio.to_thread.run_sync(
+                _pg_rows, dsn, "SELECT state, result::text FROM trioq.jobs WHERE id = %s", (job_id,)
+            )
+            if state and state[0][0] != "running":
+                break
+            await trio.sleep(0.01)
     result = json.loads(state[0][1]) if state and state[0][1] else {}
     return {
         "lease_s": lease,

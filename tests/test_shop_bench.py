@@ -113,7 +113,7 @@ def test_shop_on_postgres_processes(pg_cluster: Cluster | ExternalCluster) -> No
     check_invariants(line, limits=False)
     assert line["limit_row_lock"]["row_found"] and line["limit_row_lock"]["held_s"] >= 1.0
     export = line["export"]
-    assert export["done"] and export["resumed_pid_differs"]
+    assert export["done"] and export["resumed_pid_differs"], export
     assert export["rows"] == ORDERS + 5
     assert export["resumed_from"] >= export["rows_at_kill"] >= 6
     assert export["kill_to_resume_s"] >= LEASE * 0.5  # the dead node's lease had to lapse first
