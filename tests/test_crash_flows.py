@@ -52,7 +52,7 @@ async def parent(ctx, n):
 
 @registry.task(name="child")
 async def child(ctx, n):
-    record(id=ctx.job.id, kind="child", parents=ctx.parents)
+    record(id=ctx.job.id, kind="child", n=n, parents=ctx.parents)
     await trio.sleep(0)
 
 async def produce(queue, first):
@@ -97,7 +97,7 @@ async def test_kill_9_mid_flow_loses_no_acknowledged_job_and_children_follow_par
 
     @registry.task(name="child")
     async def child(ctx: trioq.JobContext, n: int) -> None:
-        after.append({"id": ctx.job.id, "kind": "child", "parents": ctx.parents})
+        after.append({"id": ctx.job.id, "kind": "child", "n": n, "parents": ctx.parents})
 
     with trio.fail_after(20):
         store = trioq.WALStore(directory, fsync="always")
@@ -113,15 +113,23 @@ async def test_kill_9_mid_flow_loses_no_acknowledged_job_and_children_follow_par
     for job_id, job in final.items():
         allowed = (2 if job.task == "parent" else 1) + 1
         assert 1 <= runs[job_id] <= allowed, (job_id, job.task, runs[job_id])
-    # Every child ran after its parent succeeded, and read that parent's result.
+    # Every child ran after its parent succeeded, and read that parent's result. A child may have run
+    # before its enqueue_many answered (workers claim before the ADD is synced), then the kill came:
+    # never acknowledged, it may be gone after the restart, but it still read its parent's result.
+    unacknowledged = 0
     for line in before + after:
         if line["kind"] != "child":
             continue
-        job = final[str(line["id"])]
-        (parent_id,) = job.after
-        assert line["parents"] == {parent_id: final[parent_id].result}, line
-        assert final[parent_id].result == job.payload["n"] * 10
-    cut_off = sum(1 for job_id in runs if runs[job_id] > 1 and final[job_id].task == "child")
+        parents = line["parents"]
+        assert isinstance(parents, dict) and list(parents.values()) == [line["n"] * 10], line
+        ran = final.get(str(line["id"]))
+        if ran is None:
+            unacknowledged += 1
+            continue
+        assert ran.after == tuple(parents) and ran.payload["n"] == line["n"], (line, ran)
+        assert final[ran.after[0]].result == line["n"] * 10
+    cut_off = sum(1 for job_id, job in final.items() if runs[job_id] > 1 and job.task == "child")
     print(
-        f"{len(acked)} acked, {len(before)} executions before the kill, {len(after)} after, {cut_off} children re-run"
+        f"{len(acked)} acked, {len(before)} executions before the kill, {len(after)} after, {cut_off} children re-run,"
+        f" {unacknowledged} child runs of jobs never acknowledged"
     )
