@@ -148,6 +148,32 @@ async def test_parents_by_id_and_the_states_they_give(pg_dsn: str) -> None:
         assert (await a.get(child.id)).state is JobState.READY
 
 
+async def test_the_id_a_job_of_the_batch_gets_is_an_unknown_parent(pg_dsn: str) -> None:
+    """A parent named by the id that a job of the same batch gets (ids count up, so a caller can predict
+    them): not in the store before the batch, so the batch is refused whole, as the other stores refuse
+    it. It was a KeyError for the job's own id and for a cycle, and accepted for an earlier job's id."""
+    schema, clock = _schema(), Clock()
+
+    cases: list[tuple[Callable[[Callable[[int], str]], list[NewJob]], str]] = [
+        (lambda later: [_job(later(1))], "after"),  # its own id
+        (lambda later: [_job(later(2)), _job(0)], "jobs[0].after"),  # a cycle: the next job's id
+        (lambda later: [_job(), _job(later(1))], "jobs[1].after"),  # an earlier job's id, not its index
+    ]
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        for make, field in cases:
+            (anchor,) = await a.add([_job()])
+            prefix, n = anchor.id.rsplit("-", 1)
+
+            def later(k: int, prefix: str = prefix, n: str = n) -> str:  # the id the k-th add after anchor gets
+                return f"{prefix}-{int(n, 16) + k:0{len(n)}x}"
+
+            before = await a.counts()
+            with pytest.raises(InvalidJob) as caught:
+                await a.add(make(later))
+            assert caught.value.field == field
+            assert await a.counts() == before
+
+
 async def test_a_key_held_stands_for_its_holder(pg_dsn: str) -> None:
     """An earlier job of the batch whose key another job holds: the later job waits for the holder."""
     schema, clock = _schema(), Clock()

@@ -196,8 +196,15 @@ def _resolve(
     fresh: list[bool] = []
     parents: list[tuple[str, ...]] = []
     taken = dict(holders)
+    own = {r[0] for r in rows}
     for i, (job_id, job, _) in enumerate(rows):
-        parents.append(_parents(job, i, effective, _where(i if len(rows) > 1 else None)) if job.after else ())
+        where = _where(i if len(rows) > 1 else None)
+        for p in job.after:
+            # The id of a job of this very batch (its own, or one the caller predicted): not in the store
+            # before the batch, as the other stores find it (an earlier job of the batch is named by index).
+            if type(p) is str and p in own:
+                raise unknown_parent(p, f"{where}after")
+        parents.append(_parents(job, i, effective, where) if job.after else ())
         key = job.key
         if key is not None and key in taken:
             effective.append(taken[key])
