@@ -208,6 +208,49 @@ async def test_a_claim_that_waited_for_a_keys_lock_charges_its_starts_when_it_go
     assert starts == [START + 11.0, START + 11.0]  # a's two (the burst); b's none: the bucket is empty
 
 
+async def test_a_later_batch_that_waited_for_a_key_charges_its_rate_when_it_got_it(pg_dsn: str) -> None:
+    """The same, when the wait is in a later batch of the claim: its first batch (17 jobs holding "full",
+    which is held, and "one") locks "one" (1/s, burst 1) and parks them all; its second batch's job holds
+    "one" and "wait", whose lock another transaction holds while the clock moves 1 s on. That job starts
+    when a gets "wait", so its token is charged then and b, claiming a "one" job at that instant, starts
+    none. (Charged at the first batch's time, b's start made two at once under burst 1: found by a
+    hostile review.)"""
+    limits = dict(LIMITS, one=Limit("one", rate=1.0, per=1.0, burst=1), wait=Limit("wait", max=5))
+    # The second batch waits only for a lock id above every one the claim holds (below, it only tries).
+    schema = next(
+        s for s in (_schema() for _ in range(1000))
+        if _limits.lock_id(s, "wait") > max(_limits.lock_id(s, "one"), _limits.lock_id(s, "full"))
+    )  # fmt: skip
+    clock = Clock()
+    starts: list[tuple[str, str]] = []
+    a, b = trioq.PostgresStore(pg_dsn, schema=schema), trioq.PostgresStore(pg_dsn, schema=schema)
+    async with (
+        a.session(StoreConfig(clock=clock, node="a", limits=limits.get)),
+        b.session(StoreConfig(clock=clock, node="b", limits=limits.get)),
+    ):
+        await a.add([_job("full", priority=100)])
+        assert len(await a.claim(ClaimRequest("z", 1))) == 1  # "full" is held from here on
+        await a.add([_job("full", "one", priority=5) for _ in range(17)])  # the first batch: all parked
+        (late,) = await a.add([_job("one", "wait", priority=1)])  # the second batch's
+        (other,) = await b.add([_job("one", priority=-10)])
+
+        async def claim(store: trioq.PostgresStore, node: str, n: int) -> None:
+            for job in await store.claim(ClaimRequest(node, n)):
+                starts.append((node, job.id))
+
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_limits.lock_id(schema, "wait"),))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim, a, "a", 1)
+                with trio.fail_after(30):
+                    while await trio.to_thread.run_sync(_waiting_for_a_lock, pg_dsn) == 0:  # noqa: ASYNC110 (the server's state)
+                        await trio.sleep(0.01)
+                clock.now = START + 1.0  # a second passes while a waits
+                holder.commit()
+        await claim(b, "b", 5)
+    assert starts == [("a", late.id)], (starts, other.id)  # b's start would be a second one at START + 1
+
+
 async def test_a_dead_nodes_slot_comes_free_only_when_its_lease_is_rescued(pg_dsn: str) -> None:
     """A node claims a job holding "k" (max 1) and dies (its connection dropped, no session end): the
     slot stays taken while its lease runs, and is free, with the job waiting on it claimable, once the

@@ -119,9 +119,10 @@ def claim(
     candidates are read until a batch is empty.
 
     ``now`` picks the candidates (their run times and deadlines). Rates are decided at ``clock()`` read
-    once this transaction holds the locks and rate rows of the keys it decides (read again for each
-    batch that locks a new rate key; never before ``now``): the time the jobs it starts really start,
-    give or take the commit. ``clock=None`` decides them at ``now`` (a caller with a fixed time).
+    once this transaction holds the locks and rate rows of the keys it decides (read again after each
+    later batch's locks, once a rate key is decided: that batch may have waited for a key of its own;
+    never before ``now``): the time the jobs it starts really start, give or take the commit.
+    ``clock=None`` decides them at ``now`` (a caller with a fixed time).
     """
     bound = bounding(limit_of)
     held: dict[str, int] = {}  # key -> attempts holding it (this claim's included), for each key decided
@@ -193,7 +194,7 @@ def claim(
                         held[key] = int(count)
                     else:
                         tats[key] = float(tat)
-                if rates and clock is not None:
+                if tats and clock is not None:  # this batch may have waited: its rates are decided at now
                     at = max(at, clock())
             take: list[str] = []
             parked: list[tuple[str, float, str | None]] = []
