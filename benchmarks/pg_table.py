@@ -554,7 +554,7 @@ def cases() -> list[Case]:
                                              CHANNEL, NODE),
              setup=_claimed, needs_ready=True),
         Case("extend_100", [("extend", "ON CONFLICT (id) DO UPDATE", True)],
-             lambda c, s, jobs: sql.extend(c, s, NODE, [(j.id, j.epoch) for j in jobs], now() + 30),
+             lambda c, s, jobs: sql.extend(c, s, NODE, [(j.id, j.epoch) for j in jobs], 30.0, now),
              setup=_claimed, needs_ready=True),
         Case("promote_none_due", [("promote", "state = 'scheduled'", True), ("next_run_at", "min(run_at)", True)],
              lambda c, s, x: sql.promote(c, s, now())),

@@ -279,6 +279,30 @@ async def test_a_dead_nodes_slot_comes_free_only_when_its_lease_is_rescued(pg_ds
 # ----------------------------------------------------------------- plans
 
 
+async def test_a_renewal_never_shortens_a_nodes_lease(pg_dsn: str) -> None:
+    """An extend writes the node's lease from the clock it reads as its statement goes out (a try retried
+    after an outage renews from then) and never moves it back: a renewal that began before a later claim
+    renewed the lease leaves the later expiry. (It wrote the time its call began plus the lease, which an
+    outage could leave in the past while the node ran on: found by a hostile review.)"""
+    schema, clock = _schema(), Clock()
+
+    def expires(node: str) -> float:
+        with psycopg.connect(pg_dsn) as conn:
+            row = conn.execute(f"SELECT expires_at FROM {schema}.nodes WHERE id = %s", (node,)).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        await a.add([_job()])
+        (job,) = await a.claim(ClaimRequest("a", 1, lease=30.0))
+        assert expires("a") == START + 30.0
+        assert await a.extend("a", [(job.id, job.epoch)], 1.0) == [True]
+        assert expires("a") == START + 30.0  # not moved back
+        clock.now = START + 100.0
+        assert await a.extend("a", [(job.id, job.epoch)], 30.0) == [True]
+        assert expires("a") == START + 130.0
+
+
 async def test_a_backlog_blocked_on_a_full_key_is_not_read_by_later_claims(pg_dsn: str) -> None:
     """10,000 jobs holding "full" (max 1, held), ahead in priority of 10 free jobs: the claim that meets
     them parks them once; from then on a claim of the free jobs is the fast statement, reading a few

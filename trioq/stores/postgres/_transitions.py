@@ -600,19 +600,24 @@ def _qualified(alias: str) -> str:
 # ------------------------------------------------------------- extend
 
 
-def extend(conn: Any, s: str, node: str, held: Sequence[tuple[str, int]], until: float) -> list[bool]:
-    """Renew ``node``'s lease to ``until``; for each of ``held``, whether its epoch still runs the job."""
+def extend(
+    conn: Any, s: str, node: str, held: Sequence[tuple[str, int]], lease: float, clock: Callable[[], float]
+) -> tuple[list[bool], float]:
+    """Renew ``node``'s lease to ``lease`` seconds past ``clock()`` read as the statement goes out (a retry
+    after an outage renews from then, not from when the call began), never shortening it; for each of
+    ``held``, whether its epoch still runs the job, and the time the lease was renewed to."""
+    until = clock() + lease
     with _cur(conn) as cur:
         _run(
             cur,
             f"WITH n AS (INSERT INTO {s}.nodes (id, expires_at) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE"
-            "  SET expires_at = excluded.expires_at)"
+            f"  SET expires_at = greatest({s}.nodes.expires_at, excluded.expires_at))"
             f" SELECT u.ord FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY AS u(id, epoch, ord)"
             f" JOIN {s}.jobs j ON j.id = u.id AND j.epoch = u.epoch AND j.state = 'running'",
             (node, until, [h[0] for h in held], [h[1] for h in held]),
         )
         holding = {row[0] for row in cur.fetchall()}
-    return [i + 1 in holding for i in range(len(held))]
+    return [i + 1 in holding for i in range(len(held))], until
 
 
 # ----------------------------------------------------------- complete

@@ -841,12 +841,14 @@ class PostgresStore:
     async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
         config = self._open()
         usable = [(str(job_id), int(epoch)) for job_id, epoch in held if _usable_id(job_id) and _usable_epoch(epoch)]
-        until = config.clock() + lease
-        answers = iter(await self._call(sql.extend, node, usable, until) if usable else [])
-        if node == config.node and usable:
-            # Only a statement that ran renewed the node's row: an extend of nothing writes none, and a
-            # claim that believed it had must still write the row (else rescue takes its jobs at once).
-            self._lease_until = until
+        answered: list[bool] = []
+        if usable:
+            answered, until = await self._call(sql.extend, node, usable, lease, _thread_clock(config.clock))
+            if node == config.node:
+                # Only a statement that ran renewed the node's row: an extend of nothing writes none, and a
+                # claim that believed it had must still write the row (else rescue takes its jobs at once).
+                self._lease_until = max(self._lease_until, until)
+        answers = iter(answered)
         return [next(answers) if _usable_id(job_id) and _usable_epoch(epoch) else False for job_id, epoch in held]
 
     async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
