@@ -19,6 +19,8 @@ import trio.testing
 
 import trioq
 from trioq import JobState
+from trioq._runtime.completer import FENCE_MARGIN
+from trioq._runtime.queue import _LEASE
 from trioq.stores import ClaimRequest, MemoryStore, Outcome, StoreConfig
 
 
@@ -34,6 +36,7 @@ class _Wrapped:
         twice: bool = False,
         complete_fails: bool = False,
         extend_fails_at: float = math.inf,
+        extend_hangs: tuple[float, float] = (math.inf, math.inf),
         deaf_to_ready: bool = False,
     ) -> None:
         self.inner = MemoryStore()
@@ -43,6 +46,7 @@ class _Wrapped:
         self.twice = twice
         self.complete_fails = complete_fails
         self.extend_fails_at = extend_fails_at
+        self.extend_hangs = extend_hangs  # a renewal sent in [from, until) comes back at until (an outage)
         self.deaf_to_ready = deaf_to_ready
         self.renewed: dict[str, list[float]] = {}
         self.running_at_exit: int | None = None
@@ -75,6 +79,9 @@ class _Wrapped:
     async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
         if trio.current_time() >= self.extend_fails_at:
             raise ConnectionError("store down (extend)")
+        down, up = self.extend_hangs
+        if down <= trio.current_time() < up:
+            await trio.sleep_until(up)
         for job_id, _ in held:
             self.renewed.setdefault(job_id, []).append(trio.current_time())
         return await self.inner.extend(node, held, lease)
@@ -125,6 +132,37 @@ async def test_a_store_error_during_the_shutdown_drain_comes_out(autojump_clock:
         async with trioq.open_queue(_registry(), store=store, workers=2, shutdown_grace=100) as queue:  # type: ignore[arg-type]
             await queue.enqueue("work")
             await trio.sleep(0.1)  # the attempt finishes during the drain; its outcome fails
+
+
+async def test_a_node_that_cannot_renew_its_lease_stops_its_attempt_before_the_lease_lapses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The store stops answering lease renewals (an outage) while a long job runs: the attempt is stopped
+    and its job given back before the lease that the last renewal to come back bought runs out, so no
+    other node's rescue can meet it still running; it runs again at once, uncounted. (It ran on until
+    the renewal came back: a hostile review saw two holders of a max-1 key on PostgreSQL.)"""
+    lease = _LEASE
+    store = _Wrapped(extend_hangs=(lease / 2, 3 * lease))  # the renewal sent at 2/3 of the lease hangs
+    runs: list[tuple[int, float, float]] = []  # (ctx.attempt, started, ended)
+    registry = trioq.Registry()
+
+    @registry.task
+    async def long(ctx: trioq.JobContext) -> None:
+        started = trio.current_time()
+        try:
+            if not runs:
+                await trio.sleep(10 * lease)
+        finally:
+            runs.append((ctx.attempt, started, trio.current_time()))
+
+    async with trioq.open_queue(registry, store=store, workers=1) as queue:  # type: ignore[arg-type]
+        job = await queue.enqueue("long")
+        done = await queue.wait(job.id)
+    (attempt, _, stopped), (again, restarted, _) = runs
+    renewed = lease / 3  # the last renewal that came back was sent then
+    assert lease / 2 < stopped <= renewed + lease * (1 - FENCE_MARGIN) + 0.01
+    assert (attempt, again) == (1, 1) and restarted >= stopped  # given back uncounted, then run again
+    assert done.state is JobState.SUCCEEDED and done.attempts == 1
 
 
 async def test_a_lease_renewal_failing_during_the_drain_comes_out(autojump_clock: trio.testing.MockClock) -> None:

@@ -12,25 +12,31 @@ worker or the completer meanwhile (shutdown's end, a crash of the pool).
 :meth:`Completer.extend_leases` renews the node's lease on its running jobs
 every third of the lease; a job the store says is no longer held (cancelled
 by another node, rescued) has its attempt stopped: the fallback for a lost
-``on_cancel`` hint.
+``on_cancel`` hint. A node that cannot renew in time (the store unreachable,
+an outage) fences itself: its attempts stop before its lease can lapse,
+rather than run on beside the node that rescues their jobs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
 from .._model import Job, JobState
 from ..stores._base import Outcome, Released, Snoozed, Store, Succeeded
 from .logs import debug_enabled as _debug
-from .logs import log_outcome
+from .logs import log, log_outcome
 from .totals import Totals
 
 __all__ = ["Completer"]
 
 _SUCCEEDED = JobState.SUCCEEDED
 _DEAD = JobState.DEAD
+#: The share of the lease a node keeps in hand: it stops its attempts this long before its lease could
+#: lapse (the time the cancels take to land, and other nodes' clocks running a little ahead).
+FENCE_MARGIN = 0.1
 
 
 class Completer:
@@ -59,6 +65,8 @@ class Completer:
         self._gathered = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
+        self._confirmed = -math.inf  # when the last renewal that came back was sent (trio's clock)
+        self._renewed = trio.Event()  # set (and replaced) at each renewal that comes back
 
     async def complete(self, outcome: Outcome, job: Job, started: float) -> None:
         """Record ``outcome`` of the attempt of ``job`` (as claimed) that began at ``started``
@@ -135,15 +143,54 @@ class Completer:
             log_outcome(job, outcome, state, started)
         self._on_outcome()
 
-    async def extend_leases(self, held: Callable[[], Sequence[tuple[str, int]]]) -> None:
-        """Every third of the lease, renew it on the jobs ``held()`` names; runs until cancelled."""
+    async def extend_leases(
+        self,
+        held: Callable[[], Sequence[tuple[str, int]]],
+        on_lapsed: Callable[[list[tuple[str, int]]], Awaitable[None]],
+    ) -> None:
+        """Every third of the lease, renew it on the jobs ``held()`` names (with none held too: the
+        node's heartbeat); runs until cancelled.
+
+        The fence: when no renewal sent in the last lease (less :data:`FENCE_MARGIN` of it) has come
+        back, another node may rescue this node's jobs at any moment, so ``on_lapsed(held())`` stops
+        their attempts and gives them back, while the renewal may still be retrying. It arms again at
+        the next renewal that comes back; jobs claimed in between are not fenced.
+        """
         every = self._lease / 3
+        self._confirmed = trio.current_time()  # the session's open registered the node just now
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fence, held, on_lapsed)
+            while True:
+                await trio.sleep(every)
+                pairs = list(held())
+                sent = trio.current_time()
+                answers = await self._store.extend(self._node, pairs, self._lease)
+                self._confirmed = max(self._confirmed, sent)
+                self._renewed.set()
+                self._renewed = trio.Event()
+                for (job_id, epoch), still in zip(pairs, answers, strict=True):
+                    if not still:
+                        self._on_lost(job_id, epoch)
+
+    async def _fence(
+        self,
+        held: Callable[[], Sequence[tuple[str, int]]],
+        on_lapsed: Callable[[list[tuple[str, int]]], Awaitable[None]],
+    ) -> None:
+        """See :meth:`extend_leases`."""
+        keep = self._lease * (1 - FENCE_MARGIN)
         while True:
-            await trio.sleep(every)
+            confirmed = self._confirmed
+            await trio.sleep_until(confirmed + keep)
+            if self._confirmed != confirmed:
+                continue  # renewed meanwhile
             pairs = list(held())
-            if not pairs:
-                continue
-            answers = await self._store.extend(self._node, pairs, self._lease)
-            for (job_id, epoch), still in zip(pairs, answers, strict=True):
-                if not still:
-                    self._on_lost(job_id, epoch)
+            if pairs:
+                log.warning(
+                    "trioq: node %s could not renew its lease for %.1f s (the store is unreachable?): "
+                    "stopping its %d attempts and giving their jobs back before another node may take them",
+                    self._node, trio.current_time() - confirmed, len(pairs),
+                )  # fmt: skip
+                await on_lapsed(pairs)
+            while self._confirmed == confirmed:
+                await self._renewed.wait()

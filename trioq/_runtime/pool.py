@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
 
 import attrs
@@ -148,7 +148,21 @@ class WorkerPool:
             self._crash(exc)
 
     async def _extend_leases(self) -> None:
-        await self.completer.extend_leases(self._held)
+        await self.completer.extend_leases(self._held, self._lapsed)
+
+    async def _lapsed(self, held: Sequence[tuple[str, int]]) -> None:
+        """The node could not renew its lease in time (see ``Completer.extend_leases``): stop the attempts
+        of the claims ``held`` names and give their jobs back, uncounted. The store applies a give-back
+        once it answers again, and refuses it for a job another node rescued meanwhile."""
+        claims = {(w.job.id, w.job.epoch): (w.job, w.started) for w in self._workers if w.job is not None}
+        for job in self.producer.waiting():
+            claims[job.id, job.epoch] = (job, perf_counter())
+        for job_id, epoch in held:
+            found = claims.get((job_id, epoch))
+            if found is None:
+                continue  # ended meanwhile: its outcome is on its way
+            self.cancel_attempt(job_id, epoch)
+            await self.completer.complete(Released(job_id, epoch), *found)
 
     def _held(self) -> list[tuple[str, int]]:
         """Every claim this node holds: its workers' (running, or waiting for a CPU) and the

@@ -382,9 +382,11 @@ class Store(Protocol):
         """Renew ``node``'s lease on the running jobs ``held`` (``(job_id, epoch)`` pairs) for ``lease`` seconds.
 
         Returns, for each, whether that epoch still holds the job: ``False``
-        once it was cancelled, rescued, or finished by anyone. An in-process
-        store, whose only node is its runtime, keeps no lease and only
-        answers.
+        once it was cancelled, rescued, or finished by anyone. ``held`` may be
+        empty: the runtime renews every third of the lease whatever it holds
+        (the node's heartbeat), and counts its lease from when the last call
+        that returned was made. An in-process store, whose only node is its
+        runtime, keeps no lease and only answers.
         """
         ...
 

@@ -842,11 +842,11 @@ class PostgresStore:
         config = self._open()
         usable = [(str(job_id), int(epoch)) for job_id, epoch in held if _usable_id(job_id) and _usable_epoch(epoch)]
         answered: list[bool] = []
-        if usable:
+        if usable or node == config.node:  # the node's own with none held: its heartbeat, the row alone
             answered, until = await self._call(sql.extend, node, usable, lease, _thread_clock(config.clock))
             if node == config.node:
-                # Only a statement that ran renewed the node's row: an extend of nothing writes none, and a
-                # claim that believed it had must still write the row (else rescue takes its jobs at once).
+                # Only a statement that ran renewed the node's row (a claim that believed it had must
+                # still write the row, else rescue takes its jobs at once).
                 self._lease_until = max(self._lease_until, until)
         answers = iter(answered)
         return [next(answers) if _usable_id(job_id) and _usable_epoch(epoch) else False for job_id, epoch in held]
