@@ -279,6 +279,30 @@ async def test_a_dead_nodes_slot_comes_free_only_when_its_lease_is_rescued(pg_ds
 # ----------------------------------------------------------------- plans
 
 
+async def test_jobs_parked_on_a_key_that_lost_its_max_go_at_the_next_rescue(pg_dsn: str) -> None:
+    """Jobs parked for a slot of "k" (max 1), then the nodes restarted with "k" a rate only: no freed slot
+    would ever let them go, so the leader's rescue round does, and they run under the rate. (They stayed
+    parked for good: found by a hostile review.) A node that declares no limits judges no key."""
+    schema, clock = _schema(), Clock()
+    async with _node(pg_dsn, schema, clock, "a") as a:
+        await a.add([_job("k") for _ in range(5)])
+        assert len(await a.claim(ClaimRequest("a", 5))) == 1  # one holds "k"; four are parked on it
+    # a's close gave its job back and let one parked job go for the slot it freed: three stay parked.
+    bare = trioq.PostgresStore(pg_dsn, schema=schema)
+    async with bare.session(StoreConfig(clock=clock, node="c")):  # declares no limits
+        claimed = await bare.claim(ClaimRequest("c", 5))
+        assert len(claimed) == 2
+        await bare.complete([Succeeded(job.id, job.epoch, None) for job in claimed])
+        await bare.rescue()
+        assert await bare.claim(ClaimRequest("c", 5)) == []
+    rated = {"k": Limit("k", rate=100.0, per=1.0, burst=10)}
+    b = trioq.PostgresStore(pg_dsn, schema=schema)
+    async with b.session(StoreConfig(clock=clock, node="b", limits=rated.get)):
+        assert await b.claim(ClaimRequest("b", 5)) == []
+        await b.rescue()
+        assert len(await b.claim(ClaimRequest("b", 5))) == 3
+
+
 async def test_a_renewal_never_shortens_a_nodes_lease(pg_dsn: str) -> None:
     """An extend writes the node's lease from the clock it reads as its statement goes out (a try retried
     after an outage renews from then) and never moves it back: a renewal that began before a later claim

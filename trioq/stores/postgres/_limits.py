@@ -45,6 +45,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ..._model import Job, Limit
+from .._base import no_limits
 from ._fair import FairPick
 from ._rows import WIDTH, job_from_row
 from ._sql import cursor as _cur
@@ -410,7 +411,11 @@ def _fair_unpark(s: str) -> str:
 
 def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None], fair: Mapping[str, float] | None = None) -> int:
     """Unpark what a slot freed by a node that died before its :func:`unpark` owes (the leader's, with every
-    rescue): every key some job waits on, walked by one probe each of ``jobs_blocked``; how many."""
+    rescue): every key some job waits on, walked by one probe each of ``jobs_blocked``; how many. Jobs
+    parked on a key that has no ``max`` any more (the nodes were restarted with other limits) all go:
+    nothing bounds them, and no freed slot would ever unpark them. A node that declares no limits at
+    all (``no_limits``: one that only enqueues, say) judges no key."""
+    bound = bounding(limit_of)
     with _cur(conn) as cur:
         _run(
             cur,
@@ -421,4 +426,15 @@ def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None], fair: Map
             " SELECT key FROM k WHERE key IS NOT NULL",
         )
         keys = [row[0] for row in cur.fetchall()]
-    return unpark(conn, s, keys, limit_of, fair)
+        unbounded = [k for k in keys if (limit := bound(k)) is None or limit.max is None]
+        if limit_of is no_limits:
+            unbounded = []
+        freed = 0
+        if unbounded:
+            _run(
+                cur,
+                f"UPDATE {s}.jobs SET parked = NULL, parked_key = NULL WHERE state = 'ready' AND parked_key = ANY(%s)",
+                (unbounded,),
+            )
+            freed = int(cur.rowcount)
+    return freed + unpark(conn, s, keys, limit_of, fair)
