@@ -113,6 +113,24 @@ async def test_retry_many_retries_the_newest_dead_jobs_parents_before_children(
         assert (await queue.stats())["jobs"]["dead"] == 4
 
 
+async def test_retry_many_reaches_a_dead_parent_behind_more_children_than_its_limit(
+    store: trioq.Store, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A dead parent with more cancelled children than ``limit``: the newest page is all children, each
+    passed over (their parent is dead), so the call reads further back to the parent, whose retry revives
+    them. (It returned 0 with the whole flow still dead, and the docstring's "call again until it returns
+    0" stopped there: found by a hostile review.)"""
+    async with trioq.open_queue(_registry(), store=store, workers=2) as queue:
+        parent, *children = await queue.enqueue_many([JobSpec("fail"), *[JobSpec("ok", after=[0]) for _ in range(5)]])
+        await queue.join()
+        assert {(await queue.get(c.id)).state for c in children} == {JobState.CANCELLED}
+        await queue.pause("default")  # what the retry did stays to be seen
+        assert await queue.retry_many(limit=2) == 1  # the parent, read on the third page
+        assert (await queue.get(parent.id)).state is JobState.READY
+        assert {(await queue.get(c.id)).state for c in children} == {JobState.WAITING}
+        assert await queue.retry_many(limit=2) == 0  # nothing dead or cancelled is left
+
+
 async def test_cancel_many_cancels_unfinished_jobs_and_counts_each_once(
     store: trioq.Store, autojump_clock: trio.testing.MockClock
 ) -> None:
