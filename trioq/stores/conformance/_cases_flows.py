@@ -171,6 +171,30 @@ class FlowCases(CaseBase):
         await _run(store, b.id)
         await _run(store, c.id)
 
+    async def test_a_retry_drops_the_deadlines_of_the_descendants_it_revives(self, harness: Harness) -> None:
+        """A retry drops the retried job's deadline (an operator asked for it to run, however late), and
+        those of the descendants it makes wait again: the retried flow runs, after a reopen too.
+        (PostgreSQL cancelled them at once; the table stores ran them, until a reopen cancelled them.)"""
+        first = harness.make()
+        async with harness.session(first) as store:
+            a, b, c = await store.add(
+                [harness.job("a"), harness.job("b", after=[0], deadline=5.0), harness.job("c", after=[1], deadline=5.0)]
+            )
+            await _kill(store, a.id)
+            harness.clock.advance(10.0)
+            await store.promote()
+            await store.retry(a.id)
+            jobs = [await store.get(job_id) for job_id in (b.id, c.id)]
+            assert [(job.state, job.deadline) for job in jobs] == [(JobState.WAITING, None)] * 2
+            await store.promote()
+            assert await _states(store, b.id, c.id) == [JobState.WAITING] * 2
+        async with harness.session(harness.reopen(first)) as store:
+            await store.promote()
+            assert await _states(store, b.id, c.id) == [JobState.WAITING] * 2
+            await _run(store, a.id)
+            await _run(store, b.id)
+            await _run(store, c.id)
+
     async def test_retrying_a_child_of_a_dead_parent_is_refused(self, store: Store, harness: Harness) -> None:
         parent, child = await store.add([harness.job(), harness.job(after=[0])])
         await _kill(store, parent.id)

@@ -442,8 +442,9 @@ def cascade(
 
 def revive(cur: Any, s: str, now: float, parent: str) -> list[str]:
     """``parent`` was just retried (its row locked and written in this transaction): the jobs cancelled
-    because it ended wait again, their unmet parents counted (or, with another parent dead or cancelled,
-    stay cancelled, now naming that one), and so on down the flow; the ids of those that wait again.
+    because it ended wait again, their unmet parents counted and their deadlines gone (or, with another
+    parent dead or cancelled, stay cancelled, now naming that one), and so on down the flow; the ids of
+    those that wait again.
 
     Each level: the candidates (cancelled, ``cancelled_by`` the level's parent), then their parents
     locked as an add locks them (so that a parent ending meanwhile sees them waiting, or they see it
@@ -485,7 +486,9 @@ def revive(cur: Any, s: str, now: float, parent: str) -> list[str]:
             cur,
             f"UPDATE {s}.jobs j SET state = u.state, unmet = u.unmet, cancelled_by = u.blocker, error = u.error,"
             " finished_at = CASE WHEN u.state = 'waiting' THEN NULL ELSE j.finished_at END,"
-            " finish_seq = CASE WHEN u.state = 'waiting' THEN NULL ELSE j.finish_seq END, changed_at = %s"
+            " finish_seq = CASE WHEN u.state = 'waiting' THEN NULL ELSE j.finish_seq END, changed_at = %s,"
+            # The flow was retried, however late: the revived lose their deadlines as the retried job does.
+            " deadline = CASE WHEN u.state = 'waiting' THEN NULL ELSE j.deadline END"
             " FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[])"
             "  AS u(id, was, state, unmet, blocker, error)"
             " WHERE j.id = u.id AND j.state = 'cancelled' AND j.cancelled_by = u.was"

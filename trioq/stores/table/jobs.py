@@ -691,8 +691,9 @@ class JobTable:
 
     def _revive(self, parent: Entry, now: float) -> None:
         """Make the jobs cancelled because ``parent`` ended wait again (it was just retried), and
-        theirs, down the flow; a job another of whose parents is dead or cancelled stays cancelled,
-        now because of that one."""
+        theirs, down the flow, without their deadlines (the flow was retried, however late: as the
+        retried job's own); a job another of whose parents is dead or cancelled stays cancelled, now
+        because of that one."""
         flows, children = self.flows, self._children
         stack = [parent]
         while stack:
@@ -709,6 +710,7 @@ class JobTable:
                 child.finished_at = None
                 child.error = None
                 child.cancelled_by = None
+                child.deadline = None  # its deadline heap item, if any, is passed over when it comes up
                 child.unmet = flows.unmet(child.after)
                 self._move(child, _WAITING)
                 self._push(child)
