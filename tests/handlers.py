@@ -68,3 +68,12 @@ def snooze_in_a_process(ctx: Any) -> str:
     if ctx.job.epoch == 1:
         raise trioq.Snooze(0.01)
     return "ok"
+
+
+def pid_then_sleep(ctx: Any, path: str, seconds: float) -> None:
+    """Write this worker process's pid to ``path``, then sleep (no heartbeat)."""
+    import os
+
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)

@@ -294,6 +294,65 @@ async def test_process_handlers_run_kill_on_timeout_and_heartbeat_across_process
     assert exploded.state is JobState.DEAD and exploded.error == "ValueError: boom in a process"
 
 
+_ORPHAN_NODE = """
+import sys, trio, trioq
+sys.path.insert(0, sys.argv[2])
+from tests import handlers
+
+async def main():
+    registry = trioq.Registry()
+    registry.add(handlers.pid_then_sleep, kind="process", max_attempts=1)
+    async with trioq.open_queue(registry, workers=1) as queue:
+        await queue.enqueue("pid_then_sleep", {"path": sys.argv[1], "seconds": 60.0})
+        await trio.sleep(120)
+
+trio.run(main)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: not gone, nor a zombie waiting for init to reap it (Linux's ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+def test_a_process_handler_ends_when_its_node_is_sigkilled(tmp_path: Path) -> None:
+    """A node SIGKILLed mid-attempt: its worker process exits within a second, not when its handler
+    returns. (It ran on for the handler's whole length while another node, its lease lapsed, could run
+    the same job: found by a hostile review.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "worker.pid"
+    root = str(Path(__file__).resolve().parent.parent)
+    node = subprocess.Popen([sys.executable, "-c", _ORPHAN_NODE, str(pid_file), root])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline and node.poll() is None, "the handler never started"
+            time.sleep(0.02)
+        worker = int(pid_file.read_text())
+        node.send_signal(signal.SIGKILL)
+        node.wait(10)
+        killed = time.monotonic()
+        while time.monotonic() - killed < 5 and _running(worker):
+            time.sleep(0.02)
+        gone_after = time.monotonic() - killed
+    finally:
+        node.kill()
+        node.wait(10)
+    outlived = _running(worker)
+    if outlived:
+        os.kill(worker, signal.SIGKILL)  # the test's own clean-up
+    assert not outlived and gone_after < 1.0, gone_after
+
+
 @pytest.mark.slow
 async def test_process_job_cancelled_while_waiting_for_a_cpu_never_runs(tmp_path: Path) -> None:
     import os

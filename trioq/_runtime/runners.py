@@ -26,6 +26,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -123,8 +124,33 @@ class ProcessJobContext:
 _child_boards: dict[str, mmap.mmap] = {}
 
 
+#: How often a worker process looks whether the process that started it is gone (seconds).
+ORPHAN_POLL = 0.2
+#: In a worker process: the parent it watches (see :func:`_exit_when_orphaned`), once watched.
+_watched_parent: int | None = None
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """In a worker process, on a daemon thread: exit at once when the process that started it is gone.
+
+    A node SIGKILLed tells its worker processes nothing, and they would run their handlers on while
+    another node, its lease lapsed, runs the same jobs (a max-1 key held twice). An orphan is
+    re-parented, so its parent's pid changes; it exits within :data:`ORPHAN_POLL`.
+    """
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL)
+    os._exit(70)
+
+
 def _invoke(fn: Callable[..., Any], ctx: ProcessJobContext, payload: dict[str, Any]) -> Any:
-    """Runs in the worker process: say it started, then call the handler."""
+    """Runs in the worker process: watch for its node's end (once per process), say it started, then
+    call the handler."""
+    global _watched_parent
+    if _watched_parent is None:
+        _watched_parent = os.getppid()
+        threading.Thread(
+            target=_exit_when_orphaned, args=(_watched_parent,), daemon=True, name="trioq-orphan-watch"
+        ).start()
     ctx.heartbeat()
     return fn(ctx, **payload)
 
