@@ -75,19 +75,21 @@ async def act_on_each(store: Store, where: JobFilter, limit: int, act: Callable[
     parent before its children); how many it changed. A job it cannot act on any more (it moved
     on, was evicted, or is a flow's child whose parent is still dead or cancelled) is passed over,
     uncounted: the listing and the action are not one transaction. When a page changed nothing and
-    passed some over, the next older ``limit`` are read, until one changes something or none is left:
-    a dead parent listed behind more of its children than ``limit`` is reached, and its retry revives
-    them (else every call would pass the same children over and return 0)."""
-    changed = 0
+    passed some over, the next older ``limit`` are read, until one changes something or none is left
+    (at most :data:`MAX_BULK` jobs read in one call): a dead parent listed behind more of its children
+    than ``limit`` is reached, and its retry revives them (else every call would pass the same children
+    over and return 0)."""
+    changed = read = 0
     after_id: str | None = None
     while True:
         jobs: list[Job] = await store.list_jobs(where, limit=limit, after_id=after_id)
+        read += len(jobs)
         passed = False
         for job in reversed(jobs):
             try:
                 changed += await act(job.id)
             except (InvalidJob, JobNotFound):
                 passed = True
-        if changed or not passed or len(jobs) < limit:
+        if changed or not passed or len(jobs) < limit or read >= MAX_BULK:
             return changed
         after_id = jobs[-1].id
