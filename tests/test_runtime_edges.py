@@ -37,6 +37,8 @@ class _Wrapped:
         complete_fails: bool = False,
         extend_fails_at: float = math.inf,
         extend_hangs: tuple[float, float] = (math.inf, math.inf),
+        extend_sleep: float = 0.0,
+        down: tuple[float, float] = (math.inf, math.inf),
         deaf_to_ready: bool = False,
     ) -> None:
         self.inner = MemoryStore()
@@ -47,6 +49,8 @@ class _Wrapped:
         self.complete_fails = complete_fails
         self.extend_fails_at = extend_fails_at
         self.extend_hangs = extend_hangs  # a renewal sent in [from, until) comes back at until (an outage)
+        self.extend_sleep = extend_sleep  # every renewal takes this long
+        self.down = down  # a claim, completion or renewal sent in [from, until) is answered at until
         self.deaf_to_ready = deaf_to_ready
         self.renewed: dict[str, list[float]] = {}
         self.running_at_exit: int | None = None
@@ -63,7 +67,13 @@ class _Wrapped:
                 # (one node: it releases everything) would hide it.
                 self.running_at_exit = (await self.inner.counts())["running"]
 
+    async def _unless_down(self) -> None:
+        down, up = self.down
+        if down <= trio.current_time() < up:
+            await trio.sleep_until(up)
+
     async def claim(self, request: ClaimRequest) -> list[trioq.Job]:
+        await self._unless_down()
         if self.claim_sleep:
             await trio.sleep(self.claim_sleep)
         if self.extra_claims:
@@ -72,6 +82,7 @@ class _Wrapped:
         return jobs + jobs[:1] if self.twice else jobs
 
     async def complete(self, outcomes: Sequence[Outcome]) -> list[JobState | None]:
+        await self._unless_down()
         if self.complete_fails:
             raise ConnectionError("store down (complete)")
         return await self.inner.complete(outcomes)
@@ -79,9 +90,11 @@ class _Wrapped:
     async def extend(self, node: str, held: Sequence[tuple[str, int]], lease: float) -> list[bool]:
         if trio.current_time() >= self.extend_fails_at:
             raise ConnectionError("store down (extend)")
+        await self._unless_down()
         down, up = self.extend_hangs
         if down <= trio.current_time() < up:
             await trio.sleep_until(up)
+        await trio.sleep(self.extend_sleep)
         for job_id, _ in held:
             self.renewed.setdefault(job_id, []).append(trio.current_time())
         return await self.inner.extend(node, held, lease)
@@ -163,6 +176,59 @@ async def test_a_node_that_cannot_renew_its_lease_stops_its_attempt_before_the_l
     assert lease / 2 < stopped <= renewed + lease * (1 - FENCE_MARGIN) + 0.01
     assert (attempt, again) == (1, 1) and restarted >= stopped  # given back uncounted, then run again
     assert done.state is JobState.SUCCEEDED and done.attempts == 1
+
+
+def _long_jobs(runs: dict[int, list[tuple[float, float]]], seconds: float, later: float = 0.0) -> trioq.Registry:
+    """A registry whose ``long`` task sleeps ``seconds`` on its first run of each ``n`` and ``later``
+    on the others, recording each run's (start, end) under its ``n``."""
+    registry = trioq.Registry()
+
+    @registry.task
+    async def long(ctx: trioq.JobContext, n: int) -> None:
+        started = trio.current_time()
+        first = n not in runs
+        runs.setdefault(n, [])
+        try:
+            await trio.sleep(seconds if first else later)
+        finally:
+            runs[n].append((started, trio.current_time()))
+
+    return registry
+
+
+async def test_a_store_slow_to_renew_does_not_set_the_fence_off(autojump_clock: trio.testing.MockClock) -> None:
+    """Renewals that take 40% of the lease each: the lease never lapses, so a job longer than several
+    leases runs once, to its end. (With the next renewal sent a third of the lease after the last one
+    came back, a latency over 28% of the lease set the fence off every cycle, and the job, released
+    uncounted each time, ran for ever: found by a review of the fence.)"""
+    runs: dict[int, list[tuple[float, float]]] = {}
+    store = _Wrapped(batch=True, extend_sleep=0.4 * _LEASE)
+    async with trioq.open_queue(_long_jobs(runs, 5 * _LEASE), store=store, workers=1) as queue:  # type: ignore[arg-type]
+        done = await queue.wait((await queue.enqueue("long", {"n": 0})).id)
+    assert done.state is JobState.SUCCEEDED and len(runs[0]) == 1
+
+
+async def test_after_an_outage_the_fence_fires_once_and_every_attempt_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The store answers nothing for a while (claims, completions, renewals), inline and batched: every
+    running attempt stops at the fence, together, and once the store is back the jobs run again and are
+    not stopped a second time. (Inline, each give-back waited for the store before the next attempt was
+    stopped; and the renewal that came back after the outage, sent before it, set the fence off again
+    on the attempts just claimed: found by a review of the fence.)"""
+    for batch in (False, True):
+        runs: dict[int, list[tuple[float, float]]] = {}
+        t0 = trio.current_time()
+        store = _Wrapped(batch=batch, down=(t0 + _LEASE / 2, t0 + 3 * _LEASE))
+        registry = _long_jobs(runs, 10 * _LEASE, _LEASE / 2)
+        async with trioq.open_queue(registry, store=store, workers=3) as queue:  # type: ignore[arg-type]
+            jobs = [await queue.enqueue("long", {"n": n}) for n in range(3)]
+            finals = [await queue.wait(job.id) for job in jobs]
+        fence = t0 + _LEASE / 3 + _LEASE * (1 - FENCE_MARGIN)  # the last renewal back was sent at a third
+        assert [len(runs[n]) for n in range(3)] == [2, 2, 2], (batch, runs)
+        assert {round(runs[n][0][1], 6) for n in range(3)} == {round(fence, 6)}, (batch, runs)
+        assert all(runs[n][1][0] >= t0 + 3 * _LEASE for n in range(3)), (batch, runs)  # again once it was back
+        assert [(job.state, job.attempts) for job in finals] == [(JobState.SUCCEEDED, 1)] * 3, batch
 
 
 async def test_a_lease_renewal_failing_during_the_drain_comes_out(autojump_clock: trio.testing.MockClock) -> None:

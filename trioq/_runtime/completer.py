@@ -154,20 +154,30 @@ class Completer:
         The fence: when no renewal sent in the last lease (less :data:`FENCE_MARGIN` of it) has come
         back, another node may rescue this node's jobs at any moment, so ``on_lapsed(held())`` stops
         their attempts and gives them back, while the renewal may still be retrying. It arms again at
-        the next renewal that comes back; jobs claimed in between are not fenced.
+        the next renewal that comes back in time; jobs claimed in between are not fenced. Renewals go
+        out every third of the lease counted from when the last one went out, so a store that takes
+        up to 45% of the lease to answer never sets the fence off; one that takes longer does, every
+        cycle, as its lease may lapse (a longer lease is the cure). A renewal that comes back too late to
+        count (it waited out an outage) is followed at once by another.
         """
         every = self._lease / 3
+        keep = self._lease * (1 - FENCE_MARGIN)
         self._confirmed = trio.current_time()  # the session's open registered the node just now
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._fence, held, on_lapsed)
+            due = self._confirmed + every
             while True:
-                await trio.sleep(every)
+                await trio.sleep_until(due)
                 pairs = list(held())
                 sent = trio.current_time()
                 answers = await self._store.extend(self._node, pairs, self._lease)
-                self._confirmed = max(self._confirmed, sent)
-                self._renewed.set()
-                self._renewed = trio.Event()
+                if trio.current_time() < sent + keep:  # it still vouches for the lease
+                    self._confirmed = max(self._confirmed, sent)
+                    self._renewed.set()
+                    self._renewed = trio.Event()
+                    due = sent + every
+                else:
+                    due = trio.current_time()
                 for (job_id, epoch), still in zip(pairs, answers, strict=True):
                     if not still:
                         self._on_lost(job_id, epoch)

@@ -153,16 +153,30 @@ class WorkerPool:
     async def _lapsed(self, held: Sequence[tuple[str, int]]) -> None:
         """The node could not renew its lease in time (see ``Completer.extend_leases``): stop the attempts
         of the claims ``held`` names and give their jobs back, uncounted. The store applies a give-back
-        once it answers again, and refuses it for a job another node rescued meanwhile."""
-        claims = {(w.job.id, w.job.epoch): (w.job, w.started) for w in self._workers if w.job is not None}
-        for job in self.producer.waiting():
-            claims[job.id, job.epoch] = (job, perf_counter())
-        for job_id, epoch in held:
-            found = claims.get((job_id, epoch))
-            if found is None:
-                continue  # ended meanwhile: its outcome is on its way
-            self.cancel_attempt(job_id, epoch)
-            await self.completer.complete(Released(job_id, epoch), *found)
+        once it answers again, and refuses it for a job another node rescued meanwhile.
+
+        Every attempt is stopped before any give-back is handed over (an inline one waits for the store,
+        which may be down). An attempt that has ended already is left alone: its own outcome is on its
+        way, and a give-back beside it could overtake it."""
+        executor, producer = self.executor, self.producer
+        named = set(held)
+        back: list[tuple[Job, float]] = []
+        for worker in list(self._workers):
+            job = worker.job
+            if job is None or (job.id, job.epoch) not in named:
+                continue
+            if executor.cancel_attempt(job.id, job.epoch):  # a live attempt, stopped: no outcome of its own
+                back.append((job, worker.started))
+            elif worker.attempt is None:  # claimed, its attempt not started (waiting for a CPU)
+                executor.cancelled_claims.add((job.id, job.epoch))
+                back.append((job, worker.started))
+        for job in producer.waiting():
+            if (job.id, job.epoch) in named and producer.drop(job.id, job.epoch):
+                back.append((job, perf_counter()))
+        if back:
+            self.watchdog.watch(trio.current_time())
+        for job, started in back:
+            await self.completer.complete(Released(job.id, job.epoch), job, started)
 
     def _held(self) -> list[tuple[str, int]]:
         """Every claim this node holds: its workers' (running, or waiting for a CPU) and the
