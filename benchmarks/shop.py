@@ -615,15 +615,20 @@ async def _pg_export_kill(
         rows = _pg_rows(dsn, "SELECT rows, pid, updated_at, done FROM shop_exports WHERE id = %s", (export_id,))
         return None if not rows else (int(rows[0][0]), int(rows[0][1]), float(rows[0][2]), bool(rows[0][3]))
 
-    async def until(check: Callable[[tuple[int, int, float, bool]], bool], what: str) -> tuple[int, int, float, bool]:
+    async def polled(fetch: Callable[[], Any], check: Callable[[Any], bool]) -> Any:
+        """``fetch()`` (in a thread) every 10 ms until it finds something ``check`` takes."""
         with trio.fail_after(TIMEOUT):
             while True:
-                found = await trio.to_thread.run_sync(progress)
-                if found is not None and check(found):
+                found = await trio.to_thread.run_sync(fetch)
+                if found and check(found):
                     return found
                 await trio.sleep(0.01)
 
-    seen = await until(lambda p: p[0] >= kill_after, "the export writing rows")
+    async def until(check: Callable[[tuple[int, int, float, bool]], bool]) -> tuple[int, int, float, bool]:
+        found: tuple[int, int, float, bool] = await polled(progress, check)
+        return found
+
+    seen = await until(lambda p: p[0] >= kill_after)  # the export writing rows
     victim = next((w for w in workers if w.pid == seen[1]), None)
     if victim is None:
         raise RuntimeError(f"the export runs in pid {seen[1]}, none of this run's workers {[w.pid for w in workers]}")
@@ -632,18 +637,14 @@ async def _pg_export_kill(
     await trio.to_thread.run_sync(victim.process.wait, 10)
     at_kill = await trio.to_thread.run_sync(progress)
     assert at_kill is not None
-    moved = await until(lambda p: p[2] > killed_at, "the export resuming on the other worker")
-    done = await until(lambda p: p[3], "the export finishing")
+    moved = await until(lambda p: p[2] > killed_at)  # the export resuming on the other worker
+    done = await until(lambda p: p[3])  # the export finishing
     # The handler marks the export done, then returns: its job ends when the node's completer commits,
     # a moment later (tens of milliseconds on two busy cores).
-    with trio.fail_after(TIMEOUT):
-        while True:
-            state = await trio.to_thread.run_sync(
-                _pg_rows, dsn, "SELECT state, result::text FROM trioq.jobs WHERE id = %s", (job_id,)
-            )
-            if state and state[0][0] != "running":
-                break
-            await trio.sleep(0.01)
+    state = await polled(
+        lambda: _pg_rows(dsn, "SELECT state, result::text FROM trioq.jobs WHERE id = %s", (job_id,)),
+        lambda rows: rows[0][0] != "running",
+    )
     result = json.loads(state[0][1]) if state and state[0][1] else {}
     return {
         "lease_s": lease,

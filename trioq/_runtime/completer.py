@@ -65,6 +65,7 @@ class Completer:
         self._gathered = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
+        self._keep = lease * (1 - FENCE_MARGIN)  # how long a renewal vouches for the lease, from when it went out
         self._confirmed = -math.inf  # when the last renewal that came back was sent (trio's clock)
         self._renewed = trio.Event()  # set (and replaced) at each renewal that comes back
 
@@ -161,7 +162,6 @@ class Completer:
         count (it waited out an outage) is followed at once by another.
         """
         every = self._lease / 3
-        keep = self._lease * (1 - FENCE_MARGIN)
         self._confirmed = trio.current_time()  # the session's open registered the node just now
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._fence, held, on_lapsed)
@@ -171,7 +171,7 @@ class Completer:
                 pairs = list(held())
                 sent = trio.current_time()
                 answers = await self._store.extend(self._node, pairs, self._lease)
-                if trio.current_time() < sent + keep:  # it still vouches for the lease
+                if trio.current_time() < sent + self._keep:  # it still vouches for the lease
                     self._confirmed = max(self._confirmed, sent)
                     self._renewed.set()
                     self._renewed = trio.Event()
@@ -188,10 +188,9 @@ class Completer:
         on_lapsed: Callable[[list[tuple[str, int]]], Awaitable[None]],
     ) -> None:
         """See :meth:`extend_leases`."""
-        keep = self._lease * (1 - FENCE_MARGIN)
         while True:
             confirmed = self._confirmed
-            await trio.sleep_until(confirmed + keep)
+            await trio.sleep_until(confirmed + self._keep)
             if self._confirmed != confirmed:
                 continue  # renewed meanwhile
             pairs = list(held())

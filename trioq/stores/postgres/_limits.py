@@ -426,9 +426,7 @@ def repair(conn: Any, s: str, limit_of: Callable[[str], Limit | None], fair: Map
             " SELECT key FROM k WHERE key IS NOT NULL",
         )
         keys = [row[0] for row in cur.fetchall()]
-        unbounded = [k for k in keys if (limit := bound(k)) is None or limit.max is None]
-        if limit_of is no_limits:
-            unbounded = []
+        unbounded = [] if limit_of is no_limits else [k for k in keys if (x := bound(k)) is None or x.max is None]
         freed = 0
         if unbounded:
             _run(
